@@ -1,0 +1,189 @@
+"""spiral.py: advantages reach the right samples, dynamic sampling, length-aware rule, metrics.
+
+A scripted sampler replaces `rollout.generate` so every reward is known in advance: search trace j of a problem is
+"good" or "bad" (its text says so), and an aggregation trace is correct iff its sample index is smaller than the
+number of good candidates in its prompt. The expected advantages are then recomputed with plain loops.
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+import spiral
+from rollout import Completion, Problem
+
+
+def scripted_generate(good_traces):
+    """A fake `rollout.generate`: good_traces maps problem text -> set of indices of good search traces."""
+    calls = []
+
+    def generate(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, temperature=1.0,
+                 micro_batch_size=None, progress=False):
+        calls.append((list(prompts), samples_per_prompt))
+        out = []
+        for prompt in prompts:
+            row = []
+            if prompt.startswith("You are given a problem"):  # aggregation prompt
+                num_good = len(re.findall(r"GOOD", prompt))
+                for i in range(samples_per_prompt):
+                    answer = "1" if i < num_good else "0"
+                    row.append(_completion(f"aggregate \\boxed{{{answer}}}", length=3 + i))
+            else:  # search prompt: the problem text is the first line
+                problem = prompt.split("\n")[0]
+                for j in range(samples_per_prompt):
+                    tag = "GOOD" if j in good_traces[problem] else "BAD"
+                    row.append(_completion(f"trace {j} {tag} \\boxed{{{1 if tag == 'GOOD' else 0}}}", length=10 + j))
+            out.append(row)
+        return out
+
+    return generate, calls
+
+
+def _completion(text, length):
+    return Completion(prompt_ids=[1, 2], completion_ids=list(range(length)), logprobs=[-0.5] * length, text=text,
+                      truncated=False)
+
+
+def fake_reward(text, gold):
+    return float(text.endswith(f"\\boxed{{{gold}}}"))
+
+
+@pytest.fixture
+def world(monkeypatch):
+    good = {"p0": {0, 1, 2}, "p1": {5}, "p2": set(), "p3": {0, 1, 2, 3, 4, 5, 6, 7}}
+    generate, calls = scripted_generate(good)
+    drawn_sets = []
+
+    def recording_sample_sets(*args, **kwargs):
+        sets = spiral_sample_sets(*args, **kwargs)
+        drawn_sets.append(sets)
+        return sets
+
+    spiral_sample_sets = spiral.sample_sets
+    monkeypatch.setattr(spiral, "generate", generate)
+    monkeypatch.setattr(spiral, "reward", fake_reward)
+    monkeypatch.setattr(spiral, "sample_sets", recording_sample_sets)
+    return good, calls, drawn_sets
+
+
+def problems_in_order(*names):
+    queue = [Problem(problem=name, answer="1") for name in names]
+    return lambda: queue.pop(0)
+
+
+def test_spiral_advantages_reach_the_right_samples(world):
+    good, calls, drawn_sets = world
+    out = spiral.collect_spiral(None, None, problems_in_order("p0", "p1"), batch_problems=2, num_search=8,
+                                set_size=4, num_sets=4, num_aggregations=4, max_new_tokens=64,
+                                rng=np.random.default_rng(0))
+    assert len(out.samples) == 2 * (8 + 16)
+    # Two generate calls: all search prompts at once, then all K aggregation prompts per problem.
+    assert [len(p) for p, _ in calls] == [2, 8] and [s for _, s in calls] == [8, 4]
+    for i, name in enumerate(["p0", "p1"]):
+        block = out.samples[i * 24:(i + 1) * 24]
+        search, aggregation = block[:8], block[8:]
+        assert [s.role for s in search] == ["search"] * 8 and [s.role for s in aggregation] == ["aggregation"] * 16
+        sets_K_n = drawn_sets[i]
+        # Slow, obvious recomputation of Algorithm 1 lines 7-14 from the scripted world.
+        rewards_K_N2 = np.array([[float(j < len(set(s) & good[name])) for j in range(4)] for s in sets_K_n])
+        set_scores = rewards_K_N2.mean(axis=1)
+        set_adv = set_scores - set_scores.mean()
+        for trace in range(8):
+            containing = [set_adv[k] for k in range(4) if trace in sets_K_n[k]]
+            expected = np.mean(containing) if containing else 0.0
+            assert search[trace].advantage == pytest.approx(expected)
+            assert search[trace].reward is None
+        for k in range(4):
+            for j in range(4):
+                sample = aggregation[k * 4 + j]
+                assert sample.reward == rewards_K_N2[k, j]
+                assert sample.advantage == pytest.approx(rewards_K_N2[k, j] - rewards_K_N2[k].mean())
+        # The set's traces appear in the aggregation prompt in the drawn order.
+        prompt = calls[1][0][i * 4]
+        positions = [prompt.index(f"trace {j} ") for j in sets_K_n[0]]
+        assert positions == sorted(positions)
+
+
+def test_dynamic_sampling_skips_problems_without_signal(world):
+    good, calls, _ = world
+    # p2 has no good trace and p3 only good ones: every aggregation reward is equal, so every advantage is 0.
+    out = spiral.collect_spiral(None, None, problems_in_order("p2", "p3", "p0", "p1"), batch_problems=2,
+                                max_new_tokens=64, rng=np.random.default_rng(1))
+    m = out.metrics
+    assert m["problems_drawn"] == 4 and m["problems_kept"] == 2 and m["problems_skipped"] == 2
+    assert m["zero_advantage_fraction"] == 0.5
+    assert len(out.samples) == 2 * 24
+    assert len(calls) == 4  # a second round of search + aggregation for the two replacement problems
+
+
+def test_max_draws_bounds_dynamic_sampling(world):
+    out = spiral.collect_spiral(None, None, problems_in_order("p2", "p3", "p2"), batch_problems=2,
+                                max_new_tokens=64, rng=np.random.default_rng(0), max_draws=3)
+    assert out.metrics["problems_drawn"] == 3 and out.samples == []
+
+
+def test_metrics_and_token_accounting(world):
+    out = spiral.collect_spiral(None, None, problems_in_order("p0"), batch_problems=1, max_new_tokens=64,
+                                rng=np.random.default_rng(0))
+    m = out.metrics
+    search_tokens = sum(10 + j for j in range(8))
+    aggregation_tokens = 4 * sum(3 + i for i in range(4))
+    assert m["tokens_generated"] == m["tokens_per_problem"] == search_tokens + aggregation_tokens
+    assert m["search_accuracy"] == pytest.approx(3 / 8)
+    assert m["search_length"] == pytest.approx(search_tokens / 8)
+    assert m["token_budget_per_problem"] == (8 + 16) * 64
+    assert 0 <= m["aggregation_accuracy"] <= 1
+
+
+def test_length_aware_rule_zeroes_long_positive_advantages(world):
+    kwargs = dict(batch_problems=1, max_new_tokens=64)
+    plain = spiral.collect_spiral(None, None, problems_in_order("p0"), rng=np.random.default_rng(3), **kwargs)
+    capped = spiral.collect_spiral(None, None, problems_in_order("p0"), rng=np.random.default_rng(3),
+                                   target_length=12, **kwargs)
+    assert len(plain.samples) == len(capped.samples)
+    changed = 0
+    for a, b in zip(plain.samples, capped.samples):
+        length = len(a.completion_ids)
+        if a.advantage > 0 and length > 12:
+            assert b.advantage == 0
+            changed += 1
+        else:
+            assert b.advantage == a.advantage
+    assert changed > 0
+
+
+def test_aggregation_adapter_wraps_only_aggregation(world, monkeypatch):
+    _, calls, _ = world
+    entered = []
+
+    class Marker:
+        def __enter__(self):
+            entered.append(len(calls))
+
+        def __exit__(self, *exc):
+            entered.append(len(calls))
+
+    spiral.collect_spiral(None, None, problems_in_order("p0"), batch_problems=1, max_new_tokens=64,
+                          rng=np.random.default_rng(0), aggregation_adapter=Marker)
+    assert entered == [1, 2]  # entered after the search call, left after the aggregation call
+
+
+def test_grpo_group_advantages(world):
+    out = spiral.collect_grpo(None, None, problems_in_order("p0", "p2", "p1"), batch_problems=2, group_size=8,
+                              max_new_tokens=64)
+    m = out.metrics
+    assert m["problems_drawn"] == 3 and m["problems_kept"] == 2
+    assert m["token_budget_per_problem"] == 8 * 64
+    rewards = np.array([s.reward for s in out.samples[:8]])
+    assert rewards.tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert [s.advantage for s in out.samples[:8]] == pytest.approx(rewards - rewards.mean())
+    assert {s.role for s in out.samples} == {"grpo"}
+    assert m["accuracy"] == pytest.approx((3 + 0 + 1) / 24)
+
+
+@pytest.mark.parametrize("bad", [dict(batch_problems=0), dict(num_search=-1), dict(num_sets=2.5)])
+def test_bad_counts_raise(world, bad):
+    kwargs = dict(batch_problems=1, max_new_tokens=8, rng=np.random.default_rng(0)) | bad
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        spiral.collect_spiral(None, None, problems_in_order("p0"), **kwargs)
