@@ -1,16 +1,16 @@
 """SPIRAL data collection: Algorithm 1 of the paper as readable code, and the GRPO baseline.
 
-For each problem x (Algorithm 1, lines 1-14):
+For each problem x (Algorithm 1; line numbers count the comment lines, as the paper's listing does):
   line 2      sample N1 search traces            y_1..y_N1 ~ pi_theta(. | x)
   line 5      draw K sets of n distinct traces   G_1..G_K, uniformly without replacement (setsample.sample_sets)
   line 7      sample N2 aggregation traces       y^G_1..y^G_N2 ~ pi_theta(. | x, G)   (or pi_phi: two-model variant)
-  lines 8-14  grade ONLY the aggregation traces and turn rewards into advantages (advantages.spiral_advantages):
-              aggregation traces get the within-set centred reward (standard RL),
-              search traces get the marginal set advantage (set RL).
+  lines 8-13  grade ONLY the aggregation traces and turn rewards into advantages (advantages.spiral_advantages):
+  and 15      search traces get the marginal set advantage (set RL, lines 10-13),
+              aggregation traces the within-set centred reward (standard RL, the advantage inside line 15).
 Both levels then go through the appendix's length-aware rule (advantages.length_aware).
 
 The result is a flat list of `Sample`s (prompt, completion, sampler log-probs, advantage, role) that train.py turns
-into the importance-sampled REINFORCE loss; lines 15-17 (the gradient) live there.
+into the importance-sampled REINFORCE loss; the gradient (lines 14-16 and 18) lives there.
 
 Dynamic sampling (paper, Section 4): problems whose every advantage is zero give no gradient, so we keep drawing
 problems until the batch holds `batch_problems` problems with at least one non-zero advantage (or `max_draws`
@@ -84,7 +84,7 @@ def collect_spiral(
     max_draws: int | None = None,
     micro_batch_size: int | None = None,
 ) -> Rollouts:
-    """Algorithm 1, lines 1-14, for a dynamically sampled batch of problems.
+    """Algorithm 1, lines 1-13 and the advantage of line 15, for a dynamically sampled batch of problems.
 
     Per problem x: N1 = `num_search` search traces, K = `num_sets` sets of n = `set_size` traces, N2 =
     `num_aggregations` aggregation traces per set. Returns one Sample per trace of every kept problem:
@@ -128,7 +128,7 @@ def collect_spiral(
             aggregation_K_N2 = aggregation_PK_N2[i * K:(i + 1) * K]
             # Lines 7-8: r(x, y^G_l_i); only these rewards train anything.
             rewards_K_N2 = np.array([[reward(c.text, problem.answer) for c in row] for row in aggregation_K_N2])
-            # Lines 8-14 (and eq. final_trace_std_rl_advantage) in one call.
+            # Lines 8-13 and line 15's advantage (eq. final_trace_std_rl_advantage) in one call.
             search_adv_N1, aggregation_adv_K_N2 = spiral_advantages(sets_P_K_n[i], rewards_K_N2, N1)
             flat_aggregation = [c for row in aggregation_K_N2 for c in row]
             if target_length is not None:  # appendix, eq. length-aware-advantage, on both levels
