@@ -2,15 +2,45 @@
 
 SPIRAL spends all of its compute here. This file holds
   1. the paper's two prompts (appendix, "Search Trace Prompt" and "Aggregation Trace Prompt"),
-  2. `load_policy`: a Hugging Face causal LM, or "tiny", a Qwen3-architecture model with a tokenizer
-     built entirely in code, so that every code path runs offline on a CPU in seconds.
+  2. `load_problems`: bundled JSONL sets (data/), a local JSONL file, or a Hugging Face Hub dataset (POLARIS-53K),
+  3. `load_policy`: a Hugging Face causal LM, or "tiny", a Qwen3-architecture model with a tokenizer
+     built entirely in code, so that every code path runs offline on a CPU in seconds,
+  4. `generate`: sampling y ~ pi_theta(. | x) with Hugging Face `generate`, returning `Completion`s that carry the
+     sampler's own log-probabilities (for the importance-sampling loss in train.py),
+  5. `reward`: the verifiable reward r(x, y) in {0, 1}: the last \\boxed{} answer graded by math-verify.
+
+Choices the paper leaves open, and how they are made here:
+  1. Sampling is plain temperature sampling from the full softmax: no top-k, top-p or min-p, and no repetition
+     penalty, whatever the model's generation_config.json asks for (Qwen3-4B-Instruct-2507 ships top_k=20,
+     top_p=0.8, temperature=0.7). The policy gradient is only correct if pi_theta is the distribution sampled from.
+  2. The N2 aggregation samples of one prompt share one prefill of that prompt (`generate(share_prefix=True)`):
+     the prompt's KV cache is computed once and copied N2 times. This saves prefill compute, not memory.
+  3. The reward uses the *last* \\boxed{...} (or \\fbox{...}) of the completion; a completion without one, or
+     whose answer is longer than MAX_ANSWER_CHARS, scores 0. math-verify runs in a separate worker process with a
+     hard time limit, so that no answer can hang training.
+
+Quick check:  python -c "import rollout; m, t = rollout.load_policy('tiny'); \\
+                  print(rollout.generate(m, t, ['What is 1+1?'], samples_per_prompt=2, max_new_tokens=8))"
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
+import inspect
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 DEFAULT_MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 
@@ -48,13 +78,132 @@ def search_prompt(problem: str) -> str:
 
 
 def aggregation_prompt(problem: str, candidates: list[str]) -> str:
-    """Aggregation Trace Prompt (appendix): the user message for y^G_j ~ pi_theta(. | x, G), G = (y_1..y_n)."""
+    """Aggregation Trace Prompt (appendix): the user message for y^G_j ~ pi_theta(. | x, G), G = (y_1..y_n).
+
+    The paper shows n = 4 candidates; any n >= 1 gives "Solution 1:" ... "Solution n:" in the same layout.
+    Candidates are inserted verbatim (a truncated trace stays truncated: the prompt tells the model so).
+    """
+    if not candidates:
+        raise ValueError("aggregation_prompt needs at least one candidate solution")
     body = "".join(AGGREGATION_CANDIDATE.format(index=i + 1, candidate=c) for i, c in enumerate(candidates))
     return AGGREGATION_HEADER.format(problem=problem) + body + AGGREGATION_FOOTER.format()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 2. Policies
+# 2. Problems
+
+
+@dataclass
+class Problem:
+    """One training or evaluation input x with its gold answer (a LaTeX fragment, graded by `reward`)."""
+
+    problem: str
+    answer: str
+    id: str | None = None
+
+
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+BUNDLED = {  # name -> file in data/ (provenance and licenses: data/SOURCES.md)
+    "math_train": "math_train.jsonl",
+    "aime_1983_2023": "aime_1983_2023.jsonl",
+    "math500": "math500.jsonl",
+    "aime2024": "aime2024.jsonl",
+}
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(:[^:]+)?$")  # "owner/name" or "owner/name:file/in/repo.jsonl"
+
+
+class ProblemFileError(ValueError):
+    """A malformed problem file: the message names the file, the line number and the field."""
+
+
+class HubUnavailableError(RuntimeError):
+    """A Hub dataset could not be fetched (offline, unreachable, or not cached)."""
+
+
+def load_problems(source: str) -> list[Problem]:
+    """Load the problems x (with gold answers) that the training loop draws from (Algorithm 1's inputs B).
+
+    `source` is one of
+      - a bundled name: "math_train" (MATH train split, the offline stand-in for POLARIS-53K), "aime_1983_2023",
+        "math500", "aime2024" (files in data/, see data/SOURCES.md);
+      - a local JSONL file: one object per line with string fields "problem" and "answer" (an integer answer is
+        accepted and turned into a string) and optionally "id";
+      - a Hugging Face Hub dataset id, e.g. "POLARIS-Project/Polaris-Dataset-53K" (the paper's training set; its one
+        file polaris-data-53K.jsonl has "problem", "answer" and "difficulty", of which the first two are used).
+        All *.jsonl files of the dataset repository are fetched with huggingface_hub (there must be exactly one;
+        otherwise name it as "owner/name:path/in/repo.jsonl"). Parquet-only datasets are not supported (that would
+        need pyarrow). With HF_HUB_OFFLINE=1 only the local Hub cache is used.
+
+    Nothing is skipped silently: a line that is not a JSON object, or lacks a non-empty "problem" or "answer", raises
+    ProblemFileError naming the file, the line number and the field. Blank lines are allowed. An unreachable Hub
+    raises HubUnavailableError (a RuntimeError) that suggests the bundled sets.
+    """
+    if source in BUNDLED:
+        return _read_jsonl(os.path.join(DATA_DIR, BUNDLED[source]))
+    if os.path.exists(source):
+        return _read_jsonl(source)
+    if HUB_ID.match(source) and not source.partition(":")[0].endswith((".jsonl", ".json")):
+        return [problem for path in _fetch_from_hub(source) for problem in _read_jsonl(path)]
+    raise FileNotFoundError(
+        f"problem source {source!r} is not a bundled set ({', '.join(BUNDLED)}), an existing file, "
+        f"or a Hub dataset id like 'POLARIS-Project/Polaris-Dataset-53K'"
+    )
+
+
+def _read_jsonl(path: str) -> list[Problem]:
+    problems = []
+    with open(path, encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ProblemFileError(f"{path}, line {line_number}: not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise ProblemFileError(f"{path}, line {line_number}: not a JSON object with 'problem' and 'answer'")
+            fields = {}
+            for field in ("problem", "answer"):
+                value = record.get(field)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    value = str(value)
+                if value is None:
+                    raise ProblemFileError(f"{path}, line {line_number}: missing field '{field}'")
+                if not isinstance(value, str) or not value.strip():
+                    raise ProblemFileError(f"{path}, line {line_number}: field '{field}' must be a non-empty string")
+                fields[field] = value
+            problem_id = None if record.get("id") is None else str(record["id"])
+            problems.append(Problem(fields["problem"], fields["answer"], problem_id))
+    return problems
+
+
+def _fetch_from_hub(source: str) -> list[str]:
+    """Local paths of the JSONL file(s) of Hub dataset `source` ("owner/name" or "owner/name:file")."""
+    from huggingface_hub import constants, hf_hub_download, snapshot_download
+
+    repo_id, _, filename = source.partition(":")
+    # huggingface_hub reads HF_HUB_OFFLINE once, at import; read it again so that setting it later still counts.
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    try:
+        if filename:
+            return [hf_hub_download(repo_id, filename, repo_type="dataset", local_files_only=offline)]
+        folder = snapshot_download(repo_id, repo_type="dataset", allow_patterns=["*.jsonl"], local_files_only=offline)
+    except Exception as e:  # network errors, offline mode, missing cache, unknown or gated repository, ...
+        raise HubUnavailableError(
+            f"could not fetch Hub dataset {repo_id!r} ({type(e).__name__}{', offline mode' if offline else ''}); "
+            f"use a bundled set instead ({', '.join(repr(name) for name in BUNDLED)}) or a local JSONL file"
+        ) from e
+    paths = sorted(
+        os.path.join(root, name) for root, _, names in os.walk(folder) for name in names if name.endswith(".jsonl")
+    )
+    if len(paths) != 1:
+        found = [os.path.relpath(p, folder) for p in paths]
+        raise ValueError(f"Hub dataset {repo_id!r} has {len(paths)} JSONL files {found}; name one as '{repo_id}:FILE'")
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 3. Policies
 
 
 @dataclass
@@ -117,7 +266,7 @@ def build_tiny_tokenizer(vocab_size: int = 1024):
 
 def build_tiny_model(tokenizer, seed: int = 0):
     """A tiny Qwen3-architecture causal LM (about 0.9M parameters), identical weights for a given seed."""
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
         vocab_size=len(tokenizer),
@@ -143,7 +292,7 @@ def build_tiny_model(tokenizer, seed: int = 0):
 
 
 def load_policy(name_or_path: str = DEFAULT_MODEL, device: str | None = None):
-    """Return (model, tokenizer) for a Hugging Face model id, a local directory, or "tiny".
+    """Return (model, tokenizer) for the policy pi_theta: a Hugging Face model id, a local directory, or "tiny".
 
     On a GPU the model is loaded in bf16 with sdpa attention; on CPU in float32. "tiny" is built in code and is
     deterministic (same weights every call), which is what the tests and `--preset tiny` use.
@@ -159,3 +308,455 @@ def load_policy(name_or_path: str = DEFAULT_MODEL, device: str | None = None):
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, attn_implementation="sdpa")
     return model.to(device).eval(), tokenizer
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4. Sampling: y ~ pi_theta(. | x) (Algorithm 1, lines 2 and 7)
+
+# Default micro-batch: as many sequences as fit this many (prompt + completion) tokens in one generate call.
+# For Qwen3-4B in bf16 the KV cache costs 144 KiB per token (36 layers x K,V x 8 heads x 128 dims x 2 bytes), so
+# 131,072 tokens are 18 GiB: about 25 search traces (1024 + 4096 tokens) or 6 aggregation traces (~17k + 4096).
+DEFAULT_TOKENS_PER_MICRO_BATCH = 131_072
+
+
+def chat_prompt_ids(tokenizer, user_message: str) -> list[int]:
+    """Token ids of the chat-templated prompt x for one user message, ending with the assistant header."""
+    encoded = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user_message}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return list(encoded["input_ids"])
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a completion: model.generation_config.eos_token_id (an int or a list) plus the tokenizer's.
+
+    Qwen3 stops on both <|im_end|> and <|endoftext|>; the latter is also its pad token.
+    """
+    configured = model.generation_config.eos_token_id
+    ids = [] if configured is None else [configured] if isinstance(configured, int) else list(configured)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("the model defines no EOS token (generation_config.eos_token_id and tokenizer.eos_token_id)")
+    return ids
+
+
+def generate(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    samples_per_prompt: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    micro_batch_size: int | None = None,
+    progress: bool = False,
+    share_prefix: bool = True,
+) -> list[list[Completion]]:
+    """Sample `samples_per_prompt` completions y ~ pi_theta(. | x) for each prompt x (Algorithm 1, lines 2 and 7).
+
+    `prompts` are user messages (e.g. `search_prompt(...)`); the chat template is applied here. Returns one list of
+    `samples_per_prompt` Completions per prompt, in the order of `prompts`.
+
+    Sampling is plain temperature sampling from the full softmax, softmax(logits / temperature): top-k, top-p,
+    min-p and repetition penalty are off whatever model.generation_config says. Each Completion's `logprobs` are
+    log softmax(logits / temperature) of the sampled tokens, recorded while sampling from exactly those scores.
+    A completion is cut by position, after its first EOS (any of `eos_token_ids`); `truncated` means that no EOS
+    came within max_new_tokens.
+
+    Batching: left-padded batches with an attention mask, at most `micro_batch_size` sequences per `generate`
+    call (default: as many as fit DEFAULT_TOKENS_PER_MICRO_BATCH tokens). Prompts are grouped by length to waste
+    little compute on padding.
+
+    share_prefix: the copies of one prompt in a call share one prefill. The prompts (all but their last token) are
+    run through the model once, the KV cache is repeated along the batch (`DynamicCache.batch_repeat_interleave`,
+    public in transformers 5.x) and `generate` continues from it. Without this, `generate` prefills every copy
+    (its `num_return_sequences` also repeats the input before the prefill). For the paper's aggregation step
+    (prompts of up to ~17k tokens, N2 = 4 samples each) this saves 3 of every 4 prefills, i.e. 3/4 of the prefill
+    FLOPs; decoding costs the same. It saves no memory: every copy still gets its own copy of the cache (sharing
+    that memory needs a paged KV cache, as in vLLM, which HF `generate` does not have). Measured on CPU (tiny
+    policy, one thread, median of 3): a 3,066-token aggregation prompt, 4 samples of 16 tokens: 2.52 s without,
+    0.85 s with. If a model's cache cannot be repeated, the call falls back to a prefill per copy.
+    """
+    if samples_per_prompt < 1 or max_new_tokens < 1 or not temperature > 0:
+        raise ValueError("need samples_per_prompt >= 1, max_new_tokens >= 1 and temperature > 0")
+    prompt_ids_P = [chat_prompt_ids(tokenizer, prompt) for prompt in prompts]
+    eos_ids = eos_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]  # only fills the left
+    if micro_batch_size is None:
+        longest = max((len(ids) for ids in prompt_ids_P), default=0)
+        micro_batch_size = max(1, DEFAULT_TOKENS_PER_MICRO_BATCH // (longest + max_new_tokens))
+    calls = _plan_micro_batches([len(ids) for ids in prompt_ids_P], samples_per_prompt, micro_batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        calls = tqdm(calls, desc="generate", unit="batch")
+
+    completions_P: list[list[Completion]] = [[] for _ in prompts]
+    was_training = model.training
+    model.eval()  # no dropout while sampling; and gradient checkpointing in train mode would turn the KV cache off
+    try:
+        for prompt_indices, copies in calls:
+            completion_ids_B, logprobs_B = _sample_micro_batch(
+                model, [prompt_ids_P[i] for i in prompt_indices], copies, max_new_tokens, temperature, eos_ids, pad_id,
+                share_prefix,
+            )
+            rows_of_prompt = [i for i in prompt_indices for _ in range(copies)]  # same order as repeat_interleave
+            for i, token_ids, token_logprobs in zip(rows_of_prompt, completion_ids_B, logprobs_B):
+                completion_ids, truncated = cut_at_first_eos(token_ids, eos_ids)
+                completions_P[i].append(
+                    Completion(
+                        prompt_ids=list(prompt_ids_P[i]),
+                        completion_ids=completion_ids,
+                        logprobs=token_logprobs[: len(completion_ids)],
+                        text=tokenizer.decode(completion_ids, skip_special_tokens=True),
+                        truncated=truncated,
+                    )
+                )
+    finally:
+        model.train(was_training)
+    return completions_P
+
+
+def cut_at_first_eos(token_ids: list[int], eos_ids) -> tuple[list[int], bool]:
+    """(tokens up to and including the first EOS, truncated): by position, never by comparing with the pad id.
+
+    After a sequence ends, `generate` fills its row with the pad id, which for Qwen3 is itself an EOS id; cutting at
+    the first EOS keeps the real stop token (which the loss must train) and drops the filler.
+    """
+    eos_ids = set(eos_ids)
+    for position, token in enumerate(token_ids):
+        if token in eos_ids:
+            return list(token_ids[: position + 1]), False
+    return list(token_ids), True
+
+
+def _plan_micro_batches(prompt_lengths: list[int], samples_per_prompt: int, micro_batch_size: int):
+    """Split the (prompt, sample) pairs into generate calls of at most `micro_batch_size` sequences.
+
+    Returns a list of (prompt indices, copies): each prompt of a call is sampled `copies` times in it, so that one
+    prefill per prompt can be shared. Prompts are taken shortest first, so a call holds prompts of similar length.
+    """
+    order = sorted(range(len(prompt_lengths)), key=lambda i: prompt_lengths[i])
+    if samples_per_prompt <= micro_batch_size:
+        per_call = micro_batch_size // samples_per_prompt
+        return [(order[start : start + per_call], samples_per_prompt) for start in range(0, len(order), per_call)]
+    return [
+        ([i], min(micro_batch_size, samples_per_prompt - start))
+        for i in order
+        for start in range(0, samples_per_prompt, micro_batch_size)
+    ]
+
+
+class SamplerLogprobs(LogitsProcessor):
+    """Divides the logits by the temperature and records log pi(y_t) of each sampled token, in fp32.
+
+    Hugging Face calls its logits processors at every step with (input_ids, scores). Custom processors run after
+    the built-in ones and before the sampling warpers (temperature, top-k, top-p, min-p: all switched off by
+    `_plain_sampling_config`), so the scores returned here are exactly what `generate` samples from:
+    softmax(logits / T). The token sampled from them is only known at the next call (the last column of
+    input_ids) or, for the final step, from the returned sequences (`finish`). So only one (B, V) row of
+    log-probabilities is kept, not one per step as `output_scores=True` would (for Qwen3's 151,936-token vocabulary,
+    64 sequences x 4,096 steps of fp32 scores would be 159 GB).
+    """
+
+    def __init__(self, temperature: float, prompt_length: int):
+        self.temperature = temperature
+        self.prompt_length = prompt_length
+        self.logprobs: list[torch.Tensor] = []  # one (B,) tensor per generated position
+        self._pending: torch.Tensor | None = None  # (B, V) log-probs of the token being sampled now
+        self._pending_position = -1  # its position in the sequence
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        self._record(input_ids)
+        scores = scores.float() / self.temperature  # (B, V)
+        self._pending = torch.log_softmax(scores, dim=-1)  # (B, V)
+        self._pending_position = input_ids.shape[1]
+        return scores
+
+    def _record(self, sequences: torch.LongTensor) -> None:
+        """Keep log pi(token) for the pending position if `sequences` (B, T) already holds the sampled token."""
+        if self._pending is not None and sequences.shape[1] > self._pending_position:
+            assert self._pending_position == self.prompt_length + len(self.logprobs), "a generate step was skipped"
+            token_B = sequences[:, self._pending_position]  # (B,)
+            self.logprobs.append(self._pending.gather(1, token_B[:, None]).squeeze(1))
+        self._pending = None
+
+    def finish(self, sequences: torch.LongTensor) -> torch.Tensor:
+        """(B, T_new) log-probs of the generated tokens of `sequences` (B, prompt_length + T_new)."""
+        self._record(sequences)
+        num_new = sequences.shape[1] - self.prompt_length
+        if num_new == 0:
+            return sequences.new_zeros((sequences.shape[0], 0), dtype=torch.float32)
+        # A step beyond the returned sequences (transformers may run one and undo it) is dropped here.
+        return torch.stack(self.logprobs[:num_new], dim=1)  # (B, T_new)
+
+
+def _plain_sampling_config(max_new_tokens: int, eos_ids: list[int], pad_id: int) -> GenerationConfig:
+    """Multinomial sampling from the scores our processor returns: every warper and penalty neutral.
+
+    temperature=1.0 because SamplerLogprobs applies the real temperature; top_k=0 (not None: None would be filled
+    in from the model's generation_config and then from transformers' default top_k=50).
+    """
+    return GenerationConfig(
+        do_sample=True,
+        num_beams=1,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        typical_p=1.0,
+        repetition_penalty=1.0,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+        use_cache=True,
+    )
+
+
+@contextmanager
+def _bare_generation_defaults(model, eos_ids: list[int], pad_id: int):
+    """Hide the model's own generation_config from `generate` for the duration of one call.
+
+    `generate` fills every field our config leaves at None (min_p, top_h, suppress_tokens, sequence_bias,
+    cache_implementation, ...) from model.generation_config, which for a Hub model is generation_config.json.
+    A bare config with only the special tokens leaves those fields neutral.
+    """
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(
+        bos_token_id=saved.bos_token_id, eos_token_id=eos_ids, pad_token_id=pad_id
+    )
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+def _left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (P, L): each row right-aligned, pads on the left with mask 0."""
+    length = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)  # (P, L)
+    attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)  # (P, L)
+    for row, s in enumerate(sequences):
+        input_ids[row, length - len(s) :] = torch.tensor(s, dtype=torch.long)
+        attention_mask[row, length - len(s) :] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+@torch.no_grad()
+def _prefill_shared_prefix(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int):
+    """KV cache of every prompt but its last token, computed once and repeated `copies` times along the batch.
+
+    `generate` then sees a cache of length L - 1 with inputs of length L and runs only the last prompt token
+    (it needs that step's logits for the first sampled token). Returns None if the cache cannot be repeated.
+    """
+    prefix_mask = attention_mask[:, :-1]  # (P, L-1)
+    position_ids = (prefix_mask.cumsum(-1) - 1).clamp(min=0)  # (P, L-1), as generate builds them from the mask
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    outputs = model(  # logits_to_keep=1: no lm_head over the whole prompt
+        input_ids=input_ids[:, :-1], attention_mask=prefix_mask, position_ids=position_ids, use_cache=True, **extra
+    )
+    cache = outputs.past_key_values
+    try:
+        cache.batch_repeat_interleave(copies)  # (P, ...) -> (P * copies, ...), rows p0, p0, ..., p1, p1, ...
+    except (AttributeError, NotImplementedError):
+        return None
+    return cache
+
+
+def _sample_micro_batch(model, prompt_ids, copies, max_new_tokens, temperature, eos_ids, pad_id, share_prefix):
+    """One `generate` call: `copies` samples of each prompt. Returns (token ids, log-probs) per row, unpadded
+    on the left and not yet cut at EOS; rows are ordered prompt by prompt."""
+    input_ids, attention_mask = _left_pad(prompt_ids, pad_id, model.device)  # (P, L)
+    prompt_length = input_ids.shape[1]
+    extra = {}
+    if share_prefix and copies > 1 and prompt_length > 1:
+        cache = _prefill_shared_prefix(model, input_ids, attention_mask, copies)
+        if cache is not None:
+            extra["past_key_values"] = cache
+    input_ids = input_ids.repeat_interleave(copies, dim=0)  # (B, L), B = P * copies
+    attention_mask = attention_mask.repeat_interleave(copies, dim=0)  # (B, L)
+    recorder = SamplerLogprobs(temperature, prompt_length)
+    with _bare_generation_defaults(model, eos_ids, pad_id):
+        sequences = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=_plain_sampling_config(max_new_tokens, eos_ids, pad_id),
+            logits_processor=LogitsProcessorList([recorder]),
+            **extra,
+        )  # (B, L + T)
+    logprobs = recorder.finish(sequences)  # (B, T)
+    return sequences[:, prompt_length:].tolist(), logprobs.tolist()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 5. Rewards: r(x, y) in {0, 1}
+
+MAX_ANSWER_CHARS = 1000  # a longer \boxed{} answer scores 0 unparsed (longest bundled gold answer: 159 characters)
+GRADE_TIMEOUT_S = 5.0  # hard limit per comparison: the worker is killed and restarted past it
+WORKER_START_TIMEOUT_S = 120.0  # importing sympy and math-verify takes ~0.5 s; generous for a busy machine
+_INNER_TIMEOUT_S = 1  # math-verify's own signal.alarm limits (whole seconds) for each parse and comparison
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer of a completion y, as graded by r(x, y): the content of its last \\boxed{...} or \\fbox{...}.
+
+    Nested braces are followed; "\\boxed {x}" (a space) counts; escaped braces \\{ \\} do not nest. None if there is
+    no \\boxed{}, if the last one is never closed (a truncated completion: the earlier ones are not answers the model
+    committed to), or if it is empty. Runs in linear time on any input.
+    """
+    if not isinstance(text, str):
+        return None
+    last = None
+    for last in _BOXED.finditer(text):
+        pass
+    if last is None:
+        return None
+    depth, position = 1, last.end()
+    while position < len(text):
+        char = text[position]
+        if char == "\\":
+            position += 2  # skip the escaped character (\{, \}, \\)
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                answer = text[last.end() : position].strip()
+                return answer or None
+        position += 1
+    return None
+
+
+def answers_equivalent(answer_a: str, answer_b: str) -> bool:
+    """Whether two final answers are mathematically the same, per math-verify with `answer_a` as the gold answer.
+
+    Both are parsed as LaTeX math ("$" + answer + "$"); math_verify.verify(gold, prediction) is not symmetric
+    (gold first). Identical strings (after stripping whitespace) are equivalent without parsing. Never raises, never
+    hangs: non-strings, empty answers and answers longer than MAX_ANSWER_CHARS are not equivalent, and a comparison
+    that takes longer than GRADE_TIMEOUT_S counts as not equivalent. Results are cached, timeouts included
+    (majority voting compares the same answers many times; an explosive answer costs its timeout only once).
+    """
+    if not isinstance(answer_a, str) or not isinstance(answer_b, str):
+        return False
+    answer_a, answer_b = answer_a.strip(), answer_b.strip()
+    if not answer_a or not answer_b or len(answer_a) > MAX_ANSWER_CHARS or len(answer_b) > MAX_ANSWER_CHARS:
+        return False
+    if answer_a == answer_b:
+        return True
+    return _verify_cached(answer_a, answer_b)
+
+
+def reward(completion_text: str, gold_answer: str) -> float:
+    """Verifiable reward r(x, y): 1.0 if the last \\boxed{} answer of y equals the gold answer, else 0.0.
+
+    Grading: math_verify.verify(parse("$" + gold + "$"), parse("$" + answer + "$")), gold first, in a worker
+    process with a hard time limit (see `answers_equivalent`). Never raises on any input and never hangs: the worst
+    case is GRADE_TIMEOUT_S plus a worker restart. The common case costs milliseconds (measured on a busy 2-core
+    CPU: integers ~1 ms, fractions ~8 ms; ~0.5-1 s once, to start the worker). The only exception is a
+    RuntimeError when the worker cannot start at all (math-verify not installed): silent zero rewards would be worse.
+    """
+    answer = extract_answer(completion_text)
+    if answer is None:
+        return 0.0
+    return 1.0 if answers_equivalent(gold_answer, answer) else 0.0
+
+
+@functools.lru_cache(maxsize=100_000)
+def _verify_cached(gold: str, answer: str) -> bool:
+    return _GRADER.equivalent(gold, answer)
+
+
+# The worker is a fresh interpreter that imports only math-verify (not torch, not this module): a `multiprocessing`
+# spawn/forkserver child would re-import the parent's __main__ (train.py, with torch and transformers) first, and
+# a forked child would inherit torch's threads. In its own main thread math-verify's signal.alarm timeouts work;
+# the parent's hard limit covers what they cannot interrupt (long C-level computations, e.g. huge integer powers).
+_WORKER_SOURCE = f"""
+import json, logging, sys
+logging.disable(logging.CRITICAL)  # math-verify logs every timeout as a warning
+try:
+    import resource  # a runaway computation must not eat the training machine's memory
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+except Exception:
+    pass
+from math_verify import parse, verify
+out = sys.stdout.buffer
+out.write(b"ready\\n"); out.flush()
+for line in sys.stdin.buffer:
+    try:
+        gold, answer = json.loads(line)
+        gold = parse("$" + gold + "$", parsing_timeout={_INNER_TIMEOUT_S})
+        answer = parse("$" + answer + "$", parsing_timeout={_INNER_TIMEOUT_S})
+        ok = verify(gold, answer, timeout_seconds={_INNER_TIMEOUT_S})
+    except BaseException:  # math-verify's TimeoutException is a BaseException; RecursionError, MemoryError, ...
+        ok = False
+    out.write(b"1\\n" if ok else b"0\\n"); out.flush()
+"""
+
+
+class _GradingWorker:
+    """A persistent math-verify process, one request at a time (a lock), usable from any thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+        self._owner_pid = os.getpid()
+        self._buffer = b""
+
+    def equivalent(self, gold: str, answer: str) -> bool:
+        request = json.dumps([gold, answer]).encode("ascii") + b"\n"  # ASCII: control characters are escaped
+        with self._lock:
+            if self._process is None or self._process.poll() is not None or self._owner_pid != os.getpid():
+                self._start()
+            try:
+                self._process.stdin.write(request)
+                self._process.stdin.flush()
+                reply = self._read_line(time.monotonic() + GRADE_TIMEOUT_S)
+            except OSError:  # the worker died (e.g. out of memory)
+                reply = None
+            if reply is None:
+                self._stop()
+                return False
+            return reply == b"1"
+
+    def _start(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_SOURCE],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
+        )
+        self._owner_pid = os.getpid()
+        self._buffer = b""
+        if self._read_line(time.monotonic() + WORKER_START_TIMEOUT_S) != b"ready":
+            self._stop()
+            raise RuntimeError(f"the grading worker did not start; is math-verify installed for {sys.executable}?")
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """The worker's next output line, or None on timeout or end of file."""
+        poller = select.poll()  # poll, not select: no limit on the descriptor number
+        poller.register(self._process.stdout, select.POLLIN)
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not poller.poll(remaining * 1000):
+                return None
+            chunk = os.read(self._process.stdout.fileno(), 4096)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def _stop(self) -> None:
+        if self._process is not None and self._owner_pid == os.getpid():
+            self._process.kill()
+            self._process.wait()
+        self._process = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+_GRADER = _GradingWorker()
+atexit.register(_GRADER.close)

@@ -1,0 +1,130 @@
+"""rollout.py, problems: bundled sets, local JSONL files with errors that name file, line and field, and the
+Hugging Face Hub path (no network: offline mode and a stand-in for the download)."""
+
+import json
+import os
+import re
+
+import pytest
+
+import rollout
+
+
+@pytest.mark.parametrize(
+    "name, count, with_ids",
+    [("math_train", 7470, False), ("aime_1983_2023", 969, True), ("math500", 500, True), ("aime2024", 30, True)],
+)
+def test_bundled_sets(name, count, with_ids):
+    problems = rollout.load_problems(name)
+    assert len(problems) == count
+    assert all(isinstance(p, rollout.Problem) and p.problem.strip() and p.answer.strip() for p in problems)
+    assert all((p.id is not None) == with_ids for p in problems)
+
+
+def test_aime2024_first_problem():
+    first = rollout.load_problems("aime2024")[0]
+    assert first.id == "aime_2024_I_1" and first.answer == "204" and first.problem.startswith("Every morning Aya")
+
+
+def test_training_sets_do_not_contain_evaluation_problems():
+    def key(text):
+        return re.sub(r"[^a-z0-9]", "", text.lower())
+
+    evaluation = {key(p.problem) for name in ("math500", "aime2024") for p in rollout.load_problems(name)}
+    for name in ("math_train", "aime_1983_2023"):
+        assert not [p.id for p in rollout.load_problems(name) if key(p.problem) in evaluation], name
+
+
+def write_lines(tmp_path, lines, name="problems.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_local_jsonl(tmp_path):
+    path = write_lines(
+        tmp_path,
+        [
+            json.dumps({"problem": "1+1?", "answer": "2", "id": "a"}),
+            "",  # blank lines are allowed
+            json.dumps({"problem": "AIME-style", "answer": 204, "id": 7}),  # integer answer and id become strings
+            json.dumps({"problem": "x?", "answer": "\\frac{1}{2}", "difficulty": "3/8"}),  # extra fields ignored
+        ],
+    )
+    assert rollout.load_problems(path) == [
+        rollout.Problem("1+1?", "2", "a"),
+        rollout.Problem("AIME-style", "204", "7"),
+        rollout.Problem("x?", "\\frac{1}{2}", None),
+    ]
+
+
+GOOD = json.dumps({"problem": "1+1?", "answer": "2"})
+
+
+@pytest.mark.parametrize(
+    "bad_line, field",
+    [
+        ('{"problem": "1+1?", "answer": ', "JSON"),
+        (json.dumps({"problem": "1+1?"}), "'answer'"),
+        (json.dumps({"answer": "2"}), "'problem'"),
+        (json.dumps({"problem": "1+1?", "answer": None}), "'answer'"),
+        (json.dumps({"problem": "1+1?", "answer": "  "}), "'answer'"),
+        (json.dumps({"problem": "", "answer": "2"}), "'problem'"),
+        (json.dumps({"problem": "1+1?", "answer": 0.5}), "'answer'"),
+        (json.dumps({"problem": ["1+1?"], "answer": "2"}), "'problem'"),
+        (json.dumps(["1+1?", "2"]), "JSON object"),
+    ],
+)
+def test_malformed_line_names_file_line_and_field(tmp_path, bad_line, field):
+    path = write_lines(tmp_path, [GOOD, GOOD, bad_line, GOOD])
+    with pytest.raises(rollout.ProblemFileError) as error:
+        rollout.load_problems(path)
+    message = str(error.value)
+    assert path in message and "line 3" in message and field in message
+
+
+def test_unknown_sources(tmp_path):
+    with pytest.raises(FileNotFoundError, match="math_train"):
+        rollout.load_problems("math_trian")  # a typo of a bundled name
+    with pytest.raises(FileNotFoundError):
+        rollout.load_problems(str(tmp_path / "missing.jsonl"))
+
+
+def test_unreachable_hub_suggests_bundled_data(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network call is made
+    for source in ("spiral-ref-tests/no-such-dataset", "spiral-ref-tests/no-such-dataset:train.jsonl"):
+        with pytest.raises(rollout.HubUnavailableError) as error:
+            rollout.load_problems(source)
+        assert isinstance(error.value, RuntimeError)
+        message = str(error.value)
+        assert "no-such-dataset" in message and "'math_train'" in message and "\n" not in message
+
+
+def test_hub_dataset_is_read_like_a_local_file(monkeypatch, tmp_path):
+    """A stand-in for huggingface_hub.snapshot_download: POLARIS-53K's file layout and fields."""
+    import huggingface_hub
+
+    folder = tmp_path / "snapshot"
+    folder.mkdir()
+    rows = [
+        {"problem": "Find $x$.", "answer": "540", "difficulty": "3/8"},
+        {"problem": "Find $y$.", "answer": "2", "difficulty": "7/8"},
+    ]
+    write_lines(folder, [json.dumps(r) for r in rows], name="polaris-data-53K.jsonl")
+    calls = []
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    problems = rollout.load_problems("POLARIS-Project/Polaris-Dataset-53K")
+    assert problems == [rollout.Problem("Find $x$.", "540"), rollout.Problem("Find $y$.", "2")]
+    (repo_id, kwargs), = calls
+    assert repo_id == "POLARIS-Project/Polaris-Dataset-53K" and kwargs["repo_type"] == "dataset"
+    assert kwargs["allow_patterns"] == ["*.jsonl"]
+
+    write_lines(folder, [json.dumps(rows[0])], name="second.jsonl")  # two files: ambiguous, must be named
+    with pytest.raises(ValueError, match="second.jsonl"):
+        rollout.load_problems("POLARIS-Project/Polaris-Dataset-53K")
+    assert os.path.exists(folder / "second.jsonl")
