@@ -1,0 +1,129 @@
+"""train.py's command line: the --help text comes from TrainConfig's field docstrings, presets resolve as documented,
+and bad input stops with one line `train.py: error: ...`, exit code 2, and nothing written to disk."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tree(path):
+    return sorted(os.path.relpath(os.path.join(root, name), path)
+                  for root, dirs, files in os.walk(path) for name in dirs + files)
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "ok.jsonl").write_text('{"problem": "1 + 1", "answer": "2"}\n')
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "bad.jsonl").write_text('{"problem": "1 + 1", "answer": "2"}\n{"problem": "no answer"}\n')
+    (tmp_path / "notarun").mkdir()
+    (tmp_path / "notarun" / "thesis.tex").write_text("precious")
+    (tmp_path / "oldrun").mkdir()
+    (tmp_path / "oldrun" / "metrics.jsonl").write_text("")
+    return tmp_path
+
+
+BAD = {  # argv after "--preset tiny --data ok.jsonl --out new" -> a word the one-line message must contain
+    "zero steps": (["--steps", "0"], "--steps must be a positive integer"),
+    "negative batch": (["--batch-problems", "-1"], "--batch-problems must be a positive integer"),
+    "K > C(N1, n)": (["--num-search", "4", "--set-size", "3", "--num-sets", "5"], "C(4, 3) = 4"),
+    "n > N1": (["--num-search", "2", "--set-size", "3"], "larger than --num-search"),
+    "zero lr": (["--lr", "0"], "--lr must be positive"),
+    "not a number": (["--steps", "many"], "expects int"),
+    "unknown flag": (["--num-epochs", "3"], "unrecognized arguments"),
+    "unknown model": (["--model", "gpt-17"], "unknown model"),
+    "missing model dir": (["--model", "./no/such/model"], "no such directory"),
+    "missing data": (["--data", "{tmp}/missing.jsonl"], "--data"),
+    "empty data": (["--data", "{tmp}/empty.jsonl"], "no problems"),
+    "malformed data": (["--data", "{tmp}/bad.jsonl"], "line 2"),
+    "existing out": (["--out", "{tmp}/oldrun"], "--resume to continue it or --overwrite"),
+    "overwrite a non-run dir": (["--out", "{tmp}/notarun", "--overwrite"], "does not look like a run directory"),
+    "resume without checkpoint": (["--out", "{tmp}/oldrun", "--resume"], "no checkpoint"),
+    "resume and overwrite": (["--out", "{tmp}/oldrun", "--resume", "--overwrite"], "exclude each other"),
+    "grpo with aggregator": (["--algo", "grpo", "--separate-aggregator"], "needs --algo spiral"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, files, capsys):
+    extra, message = BAD[case]
+    argv = ["--preset", "tiny", "--data", f"{files}/ok.jsonl", "--out", f"{files}/new"]
+    argv += [a.replace("{tmp}", str(files)) for a in extra]
+    before = _tree(files)
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("train.py: error: ") and message in err, err
+    assert _tree(files) == before
+
+
+def test_cli_error_in_a_subprocess(files):
+    """The real command line: exit code 2, one line on stderr, no traceback, nothing on disk."""
+    before = _tree(files)
+    result = subprocess.run([sys.executable, "train.py", "--preset", "tiny", "--data", f"{files}/ok.jsonl", "--out",
+                             f"{files}/new", "--num-sets", "7", "--num-search", "4", "--set-size", "3"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["train.py: error: --num-sets 7 exceeds the C(4, 3) = 4 possible sets"]
+    assert _tree(files) == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_paper_preset_without_a_gpu_stops_quickly_pointing_to_tiny(tmp_path):
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, os.path.join(REPO, "train.py")], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "no CUDA GPU" in result.stderr and "--preset tiny" in result.stderr
+    assert time.monotonic() - start < 60  # seconds of imports on a busy 2-core machine, not a model download
+    assert os.listdir(tmp_path) == []
+
+
+def test_help_is_the_field_docstrings():
+    text = " ".join(train.build_parser().format_help().split())
+    docs = train._field_docs(train.TrainConfig)
+    assert set(docs) == {f.name for f in dataclasses.fields(train.TrainConfig)}  # every field documented
+    for flag, doc in [("--num-search", "N1: search traces per problem"), ("--set-size", "n: search traces per set"),
+                      ("--num-sets", "K: sets drawn per problem"), ("--num-aggregations", "N2: aggregation traces")]:
+        assert flag in text and doc in docs[flag[2:].replace("-", "_")] and doc in text
+
+
+def test_presets_and_explicit_flags():
+    paper = train.resolve_config({})
+    assert (paper.model, paper.num_search, paper.set_size, paper.num_sets, paper.num_aggregations) == \
+        ("Qwen/Qwen3-4B-Instruct-2507", 8, 4, 4, 4)
+    assert (paper.max_new_tokens, paper.lr, paper.lora_rank, paper.max_prompt_tokens) == (4096, 2e-5, 32, 1024)
+    assert train.token_budget_per_problem(paper) == 98_304
+    grpo = train.resolve_config({"algo": "grpo"})
+    assert (grpo.group_size, grpo.max_new_tokens) == (12, 8192)
+    assert train.token_budget_per_problem(grpo) == 98_304  # the paper's equal budget
+    tiny = train.resolve_config({"preset": "tiny", "num_search": 6})
+    assert tiny.model == "tiny" and tiny.num_search == 6 and tiny.out == os.path.join("runs", "tiny-spiral")
+    tiny_grpo = train.resolve_config({"preset": "tiny", "algo": "grpo"})
+    assert train.token_budget_per_problem(tiny_grpo) == train.token_budget_per_problem(train.resolve_config(
+        {"preset": "tiny"}))  # the tiny preset keeps the equal budget too
+    assert train.resolve_config({"preset": "tiny", "max_new_tokens": 5}).max_new_tokens == 5
+    parsed = vars(train.build_parser().parse_args(["--preset", "tiny", "--target-length", "none", "--no-plot"]))
+    assert parsed == {"preset": "tiny", "target_length": None, "plot": False}  # only explicit flags
+
+
+def test_resume_refuses_changed_settings():
+    saved = dataclasses.asdict(train.resolve_config({"preset": "tiny"}))
+    assert train.resolve_config({"resume": True, "steps": 50}, saved).steps == 50  # --steps may grow
+    with pytest.raises(train.ConfigError, match="--lr"):
+        train.resolve_config({"resume": True, "lr": 1.0}, saved)
+
+
+def test_overwrite_accepts_a_run_directory(files):
+    cfg = train.resolve_config({"preset": "tiny", "data": f"{files}/ok.jsonl", "out": f"{files}/oldrun",
+                                "overwrite": True})
+    assert [p.answer for p in train.validate(cfg)] == ["2"]
+    assert os.path.exists(files / "oldrun" / "metrics.jsonl")  # validation itself deletes nothing
