@@ -1,7 +1,7 @@
 """SPIRAL and GRPO training: a plain PyTorch loop with a hand-written LoRA, one GPU, no Trainer/peft/TRL/accelerate.
 
 What this script implements (paper, Section 3.2, Algorithm 1 and the appendix):
-  - each step, spiral.collect_spiral (Algorithm 1, lines 1-14) or spiral.collect_grpo (the GRPO baseline) samples
+  - each step, spiral.collect_spiral (Algorithm 1, lines 1-13 and 15's advantage) or spiral.collect_grpo samples
     a dynamically filled batch of problems and returns training samples with their advantages;
   - the update is the paper's "REINFORCE with importance sampling" (Tinker's `importance_sampling` loss),
         loss = -(1/C) sum_samples sum_tokens exp(log pi_theta(y_t) - log pi_sampler(y_t)) * A(y),
@@ -390,16 +390,24 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _chunk_logprobs(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
-    """log softmax(lm_head(h) / tau)[target] for a chunk of positions, plus the (detached) entropy there."""
-    logits = lm_head(hidden).float() / temperature  # (c, V) fp32
+    """log softmax(lm_head(h) / tau)[target] for a chunk of positions, plus the (detached) entropy there.
+
+    Every (c, V) temporary counts at Qwen3's V = 151,936, so the temperature is applied in place (the matmul's
+    backward does not need its output) and the entropy's sum_v p_v * logit_v is a batched dot product, not a
+    (c, V) product followed by a sum.
+    """
+    logits = lm_head(hidden).float()  # (c, V) fp32 (a fresh tensor: .float() of bf16 copies, fp32 is the matmul's)
+    if temperature != 1.0:
+        logits.div_(temperature)  # (c, V)
     lse = torch.logsumexp(logits, dim=-1)  # (c,)
     logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - lse  # (c,)
     with torch.no_grad():  # entropy is for logging only: H = lse - sum_v p_v * logit_v
-        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # (c,)
+        probs = torch.softmax(logits, dim=-1)  # (c, V)
+        entropy = lse - torch.bmm(probs[:, None, :], logits[:, :, None]).view(-1)  # (c,)
     return logprobs, entropy
 
 
-def completion_logprobs(model, batch: TokenBatch, temperature: float = 1.0, chunk_size: int = 1024):
+def completion_logprobs(model, batch: TokenBatch, temperature: float = 1.0, chunk_size: int = 256):
     """log pi_theta(y_t | x, y_<t) at sampling temperature tau, and the per-token entropy, for every completion token.
 
     Runs the decoder stack (model.model) once, keeps only the hidden states at the positions just before completion
@@ -480,7 +488,7 @@ def pack_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature: float = 1.0,
-                         micro_batch_tokens: int = 32768, chunk_size: int = 1024,
+                         micro_batch_tokens: int = 32768, chunk_size: int = 256,
                          adapter_for_role: dict[str, str] | None = None, pad_token_id: int = 0) -> dict[str, float]:
     """Add the gradient of `importance_sampling_loss` over `samples` to the LoRA parameters' .grad.
 
@@ -621,10 +629,11 @@ class TrainConfig:
     """Two-model variant (appendix): a second LoRA adapter phi writes and learns from the aggregation traces."""
     micro_batch_tokens: int = 32768
     """Padded tokens per training micro-batch (gradient accumulation over micro-batches)."""
-    logprob_chunk_size: int = 1024
+    logprob_chunk_size: int = 256
     """Completion positions per lm_head chunk in the log-prob computation."""
     generation_batch_size: int | None = None
-    """Sequences per generate call (rollout micro-batches). Default: all at once."""
+    """Sequences per generate call (rollout micro-batches). Default: as many as fit rollout.DEFAULT_TOKENS_PER_MICRO_BATCH
+    prompt + new tokens (131,072: about 18 GiB of bf16 KV cache for Qwen3-4B)."""
     gradient_checkpointing: bool = True
     """Recompute decoder-layer activations in the backward pass (non-reentrant)."""
     device: str | None = None
