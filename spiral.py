@@ -22,6 +22,7 @@ Search traces are graded too, but only for logging (`search_accuracy`): their re
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
@@ -66,6 +67,24 @@ def _check_counts(**counts: int) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _dynamic_sampling(draw_problem, batch_problems: int, max_draws: int | None, collect_round) -> dict[str, float]:
+    """Dynamic sampling (paper, Section 4): draw problems in rounds until `batch_problems` of them carry a non-zero
+    advantage, or `max_draws` (default 4 x batch_problems) have been drawn. `collect_round(problems)` samples and
+    grades one round and returns how many of its problems it kept."""
+    max_draws = max_draws if max_draws is not None else 4 * batch_problems
+    kept = drawn = 0
+    while kept < batch_problems and drawn < max_draws:
+        problems = [draw_problem() for _ in range(min(batch_problems - kept, max_draws - drawn))]
+        drawn += len(problems)
+        kept += collect_round(problems)
+    return {"problems_drawn": drawn, "problems_kept": kept, "problems_skipped": drawn - kept,
+            "zero_advantage_fraction": (drawn - kept) / drawn}
+
+
+def _has_signal(*advantages: np.ndarray) -> bool:
+    return any(np.any(a != 0) for a in advantages)
+
+
 def collect_spiral(
     model,
     tokenizer,
@@ -97,76 +116,74 @@ def collect_spiral(
     """
     _check_counts(batch_problems=batch_problems, num_search=num_search, set_size=set_size, num_sets=num_sets,
                   num_aggregations=num_aggregations, max_new_tokens=max_new_tokens)
-    max_draws = max_draws if max_draws is not None else 4 * batch_problems
     N1, n, K, N2 = num_search, set_size, num_sets, num_aggregations
     aggregation_context = aggregation_adapter or contextlib.nullcontext
-
+    sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, micro_batch_size=micro_batch_size)
     samples: list[Sample] = []
-    kept = drawn = 0
-    search_rewards, aggregation_rewards, search_lengths, aggregation_lengths = [], [], [], []
-    search_truncated, aggregation_truncated = [], []
-    while kept < batch_problems and drawn < max_draws:
-        problems = [draw_problem() for _ in range(min(batch_problems - kept, max_draws - drawn))]
-        drawn += len(problems)
+    log = {key: [] for key in ("search_reward", "aggregation_reward", "search_length", "aggregation_length",
+                               "search_truncated", "aggregation_truncated")}
+    seconds = {"search": 0.0, "aggregation": 0.0}
 
+    def collect_round(problems: list[Problem]) -> int:
         # Line 2: y_1..y_N1 ~ pi_theta(. | x), for every problem in one batched call.
+        start = time.perf_counter()
         search_P_N1 = generate(model, tokenizer, [search_prompt(p.problem) for p in problems],
-                               samples_per_prompt=N1, max_new_tokens=max_new_tokens, temperature=temperature,
-                               micro_batch_size=micro_batch_size)
+                               samples_per_prompt=N1, **sampling)
+        seconds["search"] += time.perf_counter() - start
         # Line 5: K sets of n distinct search traces, uniformly without replacement from all C(N1, n) sets.
         sets_P_K_n = [sample_sets(N1, n, K, rng=rng) for _ in problems]
         # Line 7: y^G_1..y^G_N2 ~ pi(. | x, G) for each set; the set's traces enter the prompt in the drawn order.
         prompts_PK = [aggregation_prompt(p.problem, [search_P_N1[i][j].text for j in sets_K_n])
                       for i, (p, sets) in enumerate(zip(problems, sets_P_K_n)) for sets_K_n in sets]
+        start = time.perf_counter()
         with aggregation_context():
-            aggregation_PK_N2 = generate(model, tokenizer, prompts_PK, samples_per_prompt=N2,
-                                         max_new_tokens=max_new_tokens, temperature=temperature,
-                                         micro_batch_size=micro_batch_size)
+            aggregation_PK_N2 = generate(model, tokenizer, prompts_PK, samples_per_prompt=N2, **sampling)
+        seconds["aggregation"] += time.perf_counter() - start
 
+        kept = 0
         for i, problem in enumerate(problems):
             search_N1 = search_P_N1[i]
-            aggregation_K_N2 = aggregation_PK_N2[i * K:(i + 1) * K]
+            aggregation_KN2 = [c for row in aggregation_PK_N2[i * K:(i + 1) * K] for c in row]  # set by set
             # Lines 7-8: r(x, y^G_l_i); only these rewards train anything.
-            rewards_K_N2 = np.array([[reward(c.text, problem.answer) for c in row] for row in aggregation_K_N2])
+            rewards_K_N2 = np.array([reward(c.text, problem.answer) for c in aggregation_KN2]).reshape(K, N2)
             # Lines 8-13 and line 15's advantage (eq. final_trace_std_rl_advantage) in one call.
             search_adv_N1, aggregation_adv_K_N2 = spiral_advantages(sets_P_K_n[i], rewards_K_N2, N1)
-            flat_aggregation = [c for row in aggregation_K_N2 for c in row]
             if target_length is not None:  # appendix, eq. length-aware-advantage, on both levels
                 search_adv_N1 = length_aware(search_adv_N1, _lengths(search_N1), target_length)
                 aggregation_adv_K_N2 = length_aware(aggregation_adv_K_N2,
-                                                    _lengths(flat_aggregation).reshape(K, N2), target_length)
+                                                    _lengths(aggregation_KN2).reshape(K, N2), target_length)
 
             # Logging only: search traces are graded so we can plot search vs aggregation accuracy.
-            search_rewards += [reward(c.text, problem.answer) for c in search_N1]
-            aggregation_rewards += rewards_K_N2.ravel().tolist()
-            search_lengths += _lengths(search_N1).tolist()
-            aggregation_lengths += _lengths(flat_aggregation).tolist()
-            search_truncated += [c.truncated for c in search_N1]
-            aggregation_truncated += [c.truncated for c in flat_aggregation]
+            log["search_reward"] += [reward(c.text, problem.answer) for c in search_N1]
+            log["aggregation_reward"] += rewards_K_N2.ravel().tolist()
+            log["search_length"] += _lengths(search_N1).tolist()
+            log["aggregation_length"] += _lengths(aggregation_KN2).tolist()
+            log["search_truncated"] += [c.truncated for c in search_N1]
+            log["aggregation_truncated"] += [c.truncated for c in aggregation_KN2]
 
-            if not (np.any(search_adv_N1 != 0) or np.any(aggregation_adv_K_N2 != 0)):
+            if not _has_signal(search_adv_N1, aggregation_adv_K_N2):
                 continue  # dynamic sampling: no gradient from this problem
             kept += 1
-            samples += [_to_sample(c, a, "search") for c, a in zip(search_N1, search_adv_N1)]
-            samples += [_to_sample(c, a, "aggregation", r) for c, a, r in
-                        zip(flat_aggregation, aggregation_adv_K_N2.ravel(), rewards_K_N2.ravel())]
+            samples.extend(_to_sample(c, a, "search") for c, a in zip(search_N1, search_adv_N1))
+            samples.extend(_to_sample(c, a, "aggregation", r) for c, a, r in
+                           zip(aggregation_KN2, aggregation_adv_K_N2.ravel(), rewards_K_N2.ravel()))
+        return kept
 
-    tokens = sum(search_lengths) + sum(aggregation_lengths)
-    metrics = {
-        "search_accuracy": float(np.mean(search_rewards)),
-        "aggregation_accuracy": float(np.mean(aggregation_rewards)),
-        "search_length": float(np.mean(search_lengths)),
-        "aggregation_length": float(np.mean(aggregation_lengths)),
-        "search_truncation_rate": float(np.mean(search_truncated)),
-        "aggregation_truncation_rate": float(np.mean(aggregation_truncated)),
-        "problems_drawn": drawn,
-        "problems_kept": kept,
-        "problems_skipped": drawn - kept,
-        "zero_advantage_fraction": (drawn - kept) / drawn,
+    metrics = _dynamic_sampling(draw_problem, batch_problems, max_draws, collect_round)
+    tokens = sum(log["search_length"]) + sum(log["aggregation_length"])
+    metrics.update({
+        "search_accuracy": float(np.mean(log["search_reward"])),
+        "aggregation_accuracy": float(np.mean(log["aggregation_reward"])),
+        "search_length": float(np.mean(log["search_length"])),
+        "aggregation_length": float(np.mean(log["aggregation_length"])),
+        "search_truncation_rate": float(np.mean(log["search_truncated"])),
+        "aggregation_truncation_rate": float(np.mean(log["aggregation_truncated"])),
+        "search_seconds": seconds["search"],
+        "aggregation_seconds": seconds["aggregation"],
         "tokens_generated": tokens,
-        "tokens_per_problem": tokens / drawn,
+        "tokens_per_problem": tokens / metrics["problems_drawn"],
         "token_budget_per_problem": (N1 + K * N2) * max_new_tokens,  # paper: (8 + 16) * 4096 = 98,304
-    }
+    })
     return Rollouts(samples, metrics)
 
 
@@ -191,40 +208,36 @@ def collect_grpo(
     (GRPO draws no sets); it is accepted so both collectors share one call signature.
     """
     _check_counts(batch_problems=batch_problems, group_size=group_size, max_new_tokens=max_new_tokens)
-    max_draws = max_draws if max_draws is not None else 4 * batch_problems
     samples: list[Sample] = []
-    kept = drawn = 0
-    all_rewards, all_lengths, all_truncated = [], [], []
-    while kept < batch_problems and drawn < max_draws:
-        problems = [draw_problem() for _ in range(min(batch_problems - kept, max_draws - drawn))]
-        drawn += len(problems)
+    log = {"reward": [], "length": [], "truncated": []}
+
+    def collect_round(problems: list[Problem]) -> int:
         groups_P_G = generate(model, tokenizer, [search_prompt(p.problem) for p in problems],
                               samples_per_prompt=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
                               micro_batch_size=micro_batch_size)
+        kept = 0
         for problem, group in zip(problems, groups_P_G):
             rewards_G = np.array([reward(c.text, problem.answer) for c in group])
             adv_G = group_advantages(rewards_G)
             if target_length is not None:
                 adv_G = length_aware(adv_G, _lengths(group), target_length)
-            all_rewards += rewards_G.tolist()
-            all_lengths += _lengths(group).tolist()
-            all_truncated += [c.truncated for c in group]
-            if not np.any(adv_G != 0):
+            log["reward"] += rewards_G.tolist()
+            log["length"] += _lengths(group).tolist()
+            log["truncated"] += [c.truncated for c in group]
+            if not _has_signal(adv_G):
                 continue
             kept += 1
-            samples += [_to_sample(c, a, "grpo", r) for c, a, r in zip(group, adv_G, rewards_G)]
+            samples.extend(_to_sample(c, a, "grpo", r) for c, a, r in zip(group, adv_G, rewards_G))
+        return kept
 
-    tokens = sum(all_lengths)
-    metrics = {
-        "accuracy": float(np.mean(all_rewards)),
-        "length": float(np.mean(all_lengths)),
-        "truncation_rate": float(np.mean(all_truncated)),
-        "problems_drawn": drawn,
-        "problems_kept": kept,
-        "problems_skipped": drawn - kept,
-        "zero_advantage_fraction": (drawn - kept) / drawn,
+    metrics = _dynamic_sampling(draw_problem, batch_problems, max_draws, collect_round)
+    tokens = sum(log["length"])
+    metrics.update({
+        "accuracy": float(np.mean(log["reward"])),
+        "length": float(np.mean(log["length"])),
+        "truncation_rate": float(np.mean(log["truncated"])),
         "tokens_generated": tokens,
-        "tokens_per_problem": tokens / drawn,
+        "tokens_per_problem": tokens / metrics["problems_drawn"],
         "token_budget_per_problem": group_size * max_new_tokens,  # paper: 12 * 8192 = 98,304
-    }
+    })
     return Rollouts(samples, metrics)

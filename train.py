@@ -183,8 +183,9 @@ def _set_active(model: nn.Module, name: str | None) -> list[str | None]:
 
 
 @contextlib.contextmanager
-def use_adapter(model: nn.Module, name: str):
-    """Run the model with adapter `name` active (e.g. pi_phi = "aggregator" in the two-model variant)."""
+def use_adapter(model: nn.Module, name: str | None):
+    """Run the model with adapter `name` active (e.g. pi_phi = "aggregator" in the two-model variant); None runs
+    the frozen base exactly."""
     previous = _set_active(model, name)
     try:
         yield model
@@ -193,15 +194,9 @@ def use_adapter(model: nn.Module, name: str):
             m.active_adapter = p
 
 
-@contextlib.contextmanager
 def adapters_disabled(model: nn.Module):
     """Run the frozen base model exactly (every LoRA side path skipped; nothing is merged or unmerged)."""
-    previous = _set_active(model, None)
-    try:
-        yield model
-    finally:
-        for (_, m), p in zip(lora_modules(model), previous):
-            m.active_adapter = p
+    return use_adapter(model, None)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
