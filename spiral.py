@@ -178,8 +178,8 @@ def collect_spiral(
         "aggregation_length": float(np.mean(log["aggregation_length"])),
         "search_truncation_rate": float(np.mean(log["search_truncated"])),
         "aggregation_truncation_rate": float(np.mean(log["aggregation_truncated"])),
-        "search_seconds": seconds["search"],
-        "aggregation_seconds": seconds["aggregation"],
+        "time/search_s": seconds["search"],
+        "time/aggregation_s": seconds["aggregation"],
         "tokens_generated": tokens,
         "tokens_per_problem": tokens / metrics["problems_drawn"],
         "token_budget_per_problem": (N1 + K * N2) * max_new_tokens,  # paper: (8 + 16) * 4096 = 98,304
