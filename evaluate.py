@@ -80,14 +80,15 @@ PRESETS = {
         max_tokens_list=[1024, 2048, 4096, 8192, 16384, 32768],  # paper: sequential scaling up to 32k tokens
         majority_subsets=32, micro_batch_size=None,
     ),
-    "tiny": dict(  # seconds on a CPU; what the tests and the CPU demo use (retune here when the demo task lands)
-        model="tiny", data="math500", limit=3,
-        num_samples=8, max_new_tokens=16, temperature=1.0,
-        rsa_population=4, rsa_set_size=2, rsa_steps=3,
-        max_tokens_list=[4, 8, 16],
+    "tiny": dict(  # seconds on a CPU: the tiny preset's warm-started base (train.warm_start_tiny) on its sums task
+        model=rollout.TINY_WARM_START_DIR, data="tiny_sums", limit=20,
+        num_samples=8, max_new_tokens=12, temperature=1.0,  # a tiny-task trace is 8 tokens ("3 + 5 = \\boxed{8}")
+        rsa_population=8, rsa_set_size=4, rsa_steps=3,
+        max_tokens_list=[4, 8, 12],
         majority_subsets=32, micro_batch_size=None,
     ),
 }
+
 RSA_PRESETS = {
     "spiral": dict(rsa_population=8, rsa_set_size=4),  # the SPIRAL paper's RSA figure
     "rsa-paper": dict(rsa_population=16, rsa_set_size=4, rsa_steps=10),  # Venkatraman et al. (2025) defaults

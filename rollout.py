@@ -39,6 +39,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
@@ -112,6 +113,26 @@ BUNDLED = {  # name -> file in data/ (provenance and licenses: data/SOURCES.md)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(:[^:]+)?$")  # "owner/name" or "owner/name:file/in/repo.jsonl"
 
 
+def tiny_sum_problems(seed: int = 0) -> list[Problem]:
+    """The synthetic task of `--preset tiny`: "What is a + b?" for every pair of digits a, b in 0..9 (100 problems),
+    gold answer str(a + b), graded by `reward` like any other problem. The order is a fixed shuffle (`seed`), so
+    that the first N problems (evaluate.py --limit) are a fair sample rather than all "0 + b".
+
+    Small enough that a ~1M-parameter model learns it on a CPU in minutes, yet the warm-started policy makes
+    independent mistakes (train.warm_start_tiny), so a set of search traces holds more than any one of them.
+    Training and evaluation use the same 100 problems: the demo shows learning, not generalisation.
+    """
+    problems = [Problem(f"What is {a} + {b}?", str(a + b), f"sum-{a}-{b}") for a in range(10) for b in range(10)]
+    order = np.random.default_rng(seed).permutation(len(problems))
+    return [problems[i] for i in order]
+
+
+GENERATED = {"tiny_sums": tiny_sum_problems}  # name -> function returning the problems (no file needed)
+# The base model of `--preset tiny` (train.py and evaluate.py): the tiny policy after train.warm_start_tiny on
+# tiny_sum_problems, a save_pretrained directory that load_policy loads like any local model.
+TINY_WARM_START_DIR = os.path.join(DATA_DIR, "tiny_warmstart")
+
+
 class ProblemFileError(ValueError):
     """A malformed problem file: the message names the file, the line number and the field."""
 
@@ -125,7 +146,8 @@ def load_problems(source: str) -> list[Problem]:
 
     `source` is one of
       - a bundled name: "math_train" (MATH train split, the offline stand-in for POLARIS-53K), "aime_1983_2023",
-        "math500", "aime2024" (files in data/, see data/SOURCES.md);
+        "math500", "aime2024" (files in data/, see data/SOURCES.md), or "tiny_sums" (the synthetic task of
+        `--preset tiny`, generated in code by `tiny_sum_problems`);
       - a local JSONL file: one object per line with string fields "problem" and "answer" (an integer answer is
         accepted and turned into a string) and optionally "id";
       - a Hugging Face Hub dataset id, e.g. "POLARIS-Project/Polaris-Dataset-53K" (the paper's training set; its one
@@ -140,12 +162,14 @@ def load_problems(source: str) -> list[Problem]:
     """
     if source in BUNDLED:
         return _read_jsonl(os.path.join(DATA_DIR, BUNDLED[source]))
+    if source in GENERATED:
+        return GENERATED[source]()
     if os.path.exists(source):
         return _read_jsonl(source)
     if HUB_ID.match(source) and not source.partition(":")[0].endswith((".jsonl", ".json")):
         return [problem for path in _fetch_from_hub(source) for problem in _read_jsonl(path)]
     raise FileNotFoundError(
-        f"problem source {source!r} is not a bundled set ({', '.join(BUNDLED)}), an existing file, "
+        f"problem source {source!r} is not a bundled set ({', '.join([*BUNDLED, *GENERATED])}), an existing file, "
         f"or a Hub dataset id like 'POLARIS-Project/Polaris-Dataset-53K'"
     )
 
@@ -226,9 +250,11 @@ CHATML_TEMPLATE = (
 
 
 def _tiny_corpus() -> list[str]:
-    """Text the tiny byte-level BPE is trained on: the two prompts plus math-like strings (deterministic)."""
-    # The templates are repeated so that their words become single tokens: prompts stay short on a CPU.
+    """Text the tiny byte-level BPE is trained on: the two prompts, the chat markup and math-like strings
+    (deterministic)."""
+    # The templates are repeated so that their phrases become single tokens: prompts stay short on a CPU.
     lines = [search_prompt("What is 12 + 34?"), aggregation_prompt("What is 12 + 34?", ["a", "b", "c", "d"])] * 20
+    lines += ["<|im_start|>user\n", "<|im_start|>assistant\n"] * 20
     lines += [f"The answer is \\boxed{{{i}}}. {i} + {i % 7} = {i + i % 7}, {i} * 3 = {3 * i}." for i in range(200)]
     lines += ["Problem: Solution: Let x = y - z; then x^2 + 2x + 1 = (x+1)^2 and \\frac{1}{2} \\sqrt{3} \\pi."] * 5
     return lines
@@ -239,12 +265,21 @@ def build_tiny_tokenizer(vocab_size: int = 1024):
 
     Like Qwen3: `<|im_end|>` is the EOS the chat template uses, `<|endoftext|>` is the pad token and a second
     stop token (so pad is one of the EOS ids: completions must be cut by position, never by `== pad`).
+
+    Unlike Qwen3's regex pre-tokenizer, merges may cross spaces (`use_regex=False`), so the prompts' fixed phrases
+    become a few tokens each: the aggregation prompt with four tiny-task candidates ("3 + 5 = \\boxed{8}") is 67
+    tokens instead of 306 with a GPT-2-style pre-tokenizer, and aggregation prompts are most of the CPU time of
+    `--preset tiny`. Runs of digits are split off first ("isolated"), so a number never merges with the text around
+    it; 0..88 (every answer of the tiny task) are one token each.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\d+"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -542,7 +577,7 @@ def _left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Te
     return input_ids.to(device), attention_mask.to(device)
 
 
-@torch.no_grad()
+@torch.no_grad()  # generate() is no_grad, this prefill must be too: LoRA weights require grad in training
 def _prefill_shared_prefix(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int):
     """KV cache of every prompt but its last token, computed once and repeated `copies` times along the batch.
 

@@ -30,7 +30,8 @@ def data(tmp_path_factory):
     return str(path)
 
 
-SMALL = ["--preset", "tiny", "--batch-problems", "1", "--num-search", "3", "--set-size", "2", "--num-sets", "2",
+SMALL = ["--preset", "tiny", "--model", "tiny",  # the code-built tiny policy (its base is saved to OUT/base)
+         "--batch-problems", "1", "--num-search", "3", "--set-size", "2", "--num-sets", "2",
          "--num-aggregations", "2", "--group-size", "3", "--max-new-tokens", "6", "--no-plot"]
 
 

@@ -258,7 +258,8 @@ def test_paper_settings_are_one_flag_away():
     rsa = evaluate.parse_args(["--rsa-preset", "rsa-paper"])
     assert (rsa.rsa_population, rsa.rsa_set_size, rsa.rsa_steps) == (16, 4, 10)
     explicit = evaluate.parse_args(["--preset", "tiny", "--rsa-preset", "rsa-paper", "--rsa-steps", "2"])
-    assert (explicit.model, explicit.rsa_population, explicit.rsa_steps) == ("tiny", 16, 2)  # a flag beats presets
+    assert (explicit.model, explicit.rsa_population, explicit.rsa_steps) == \
+        (rollout.TINY_WARM_START_DIR, 16, 2)  # a flag beats presets
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -265,3 +265,18 @@ def test_generate_restores_train_mode(tiny):
         assert model.training
     finally:
         model.eval()
+
+
+def test_sampling_builds_no_autograd_graph(tiny):
+    """Every forward inside generate, the shared-prefix prefill included, runs without autograd: in training the
+    LoRA weights require grad, and a graph over a 17k-token prompt would keep every layer's activations alive."""
+    model, tokenizer = tiny
+    assert any(p.requires_grad for p in model.parameters())
+    grad_enabled = []
+    hook = model.model.layers[0].register_forward_hook(lambda *args: grad_enabled.append(torch.is_grad_enabled()))
+    try:
+        rollout.generate(model, tokenizer, ["Hi there, a prompt of a few tokens"], samples_per_prompt=3,
+                         max_new_tokens=2, share_prefix=True)
+    finally:
+        hook.remove()
+    assert len(grad_enabled) >= 2 and not any(grad_enabled)  # the prefill and at least one decoding step

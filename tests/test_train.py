@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+import rollout
 import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,7 +107,8 @@ def test_presets_and_explicit_flags():
     assert (grpo.group_size, grpo.max_new_tokens) == (12, 8192)
     assert train.token_budget_per_problem(grpo) == 98_304  # the paper's equal budget
     tiny = train.resolve_config({"preset": "tiny", "num_search": 6})
-    assert tiny.model == "tiny" and tiny.num_search == 6 and tiny.out == os.path.join("runs", "tiny-spiral")
+    assert tiny.model == rollout.TINY_WARM_START_DIR and tiny.data == "tiny_sums"  # the demo: warm start + sums task
+    assert tiny.num_search == 6 and tiny.out == os.path.join("runs", "tiny-spiral")
     tiny_grpo = train.resolve_config({"preset": "tiny", "algo": "grpo"})
     assert train.token_budget_per_problem(tiny_grpo) == train.token_budget_per_problem(train.resolve_config(
         {"preset": "tiny"}))  # the tiny preset keeps the equal budget too
