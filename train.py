@@ -1233,9 +1233,14 @@ def main(argv: list[str] | None = None) -> int:
         if explicit.get("warm_start_only"):
             if explicit.get("preset") != "tiny":
                 raise ConfigError("--warm-start-only needs --preset tiny (it builds the tiny preset's base model)")
+            out = explicit.get("out", TINY_WARM_START_DIR)
+            if (os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out))
+                    and not os.path.exists(os.path.join(out, "warm_start.json"))):
+                raise ConfigError(f"--warm-start-only: {out} exists and is not a warm start (no warm_start.json); "
+                                  "refusing to replace it")
             torch.set_num_threads(resolve_config(explicit).cpu_threads or torch.get_num_threads())
-            warm_start_tiny(explicit.get("out", TINY_WARM_START_DIR), seed=explicit.get("seed", 0))
-            print(f"train.py: wrote the warm start to {explicit.get('out', TINY_WARM_START_DIR)}")
+            warm_start_tiny(out, seed=explicit.get("seed", 0))
+            print(f"train.py: wrote the warm start to {out}")
             return 0
         cfg = resolve_config(explicit, saved)
         problems = validate(cfg)
