@@ -44,7 +44,7 @@ Choices where the paper is silent, or where this code departs from it:
 
 Run:
     python evaluate.py --preset tiny                                      # seconds on a CPU
-    python evaluate.py --adapter runs/spiral/adapter --data math500       # the paper's settings, one GPU
+    python evaluate.py --adapter runs/paper-spiral/adapter --data math500 # the paper's settings, one GPU
     python evaluate.py --method rsa --rsa-preset rsa-paper --data aime2024 --out runs/eval/rsa.json
 """
 
