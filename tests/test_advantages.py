@@ -79,6 +79,8 @@ def test_against_slow_loops(problem):
 
     adv_N1 = marginal_set_advantages(sets_K_n, frozen(adv_K), N1)
     assert adv_N1.shape == (N1,)
+    in_every_set = [all(j in G for G in sets_K_n.tolist()) for j in range(N1)]
+    assert np.all(adv_N1[in_every_set] == 0.0)
     assert np.allclose(adv_N1, slow_marginal(sets_K_n.tolist(), list(adv_K), N1), rtol=0, atol=1e-12)
 
     adv_K_N2 = aggregation_advantages(rewards_K_N2)
@@ -150,6 +152,19 @@ def test_equal_values_give_exact_zeros():
 def test_group_advantages_std_is_population_std():
     assert group_advantages([0.0, 1.0], normalize_std=True).tolist() == [-1.0, 1.0]
     assert group_advantages([0.0, 1.0]).tolist() == [-0.5, 0.5]
+
+
+def test_a_trace_in_every_set_gets_exactly_zero():
+    """A trace in all K sets averages every centred set advantage: 0 in exact arithmetic. The float mean of
+    A# = f - mean(f) for f = (0.25, 0.5, 1.0) is -3.7e-17, which `advantage != 0` would treat as signal."""
+    sets_K_n = [[0, 1, 2], [0, 1, 3], [0, 2, 3]]  # trace 0 is in all three sets
+    adv_K = set_advantages([0.25, 0.5, 1.0])
+    assert sum(adv_K) / 3 != 0  # the trap is real
+    adv_N1 = marginal_set_advantages(sets_K_n, adv_K, 5)
+    assert adv_N1[0] == 0.0 and adv_N1[4] == 0.0  # in every set; in none
+    assert adv_N1[1] == pytest.approx((adv_K[0] + adv_K[1]) / 2)
+    search_N1, _ = spiral_advantages(sets_K_n, [[0, 0, 1, 0], [1, 0, 1, 0], [1, 1, 1, 1]], 5)
+    assert search_N1[0] == 0.0
 
 
 def test_marginal_uncovered_trace_gets_zero_and_lists_work():

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from setsample import coverage_probability, gradient_scale, num_sets, sample_sets
+from setsample import count_possible_sets, coverage_probability, gradient_scale, sample_sets
 
 
 def every_set(N, n, ordered):
@@ -29,12 +29,12 @@ def assert_valid(sets_K_n, N, n, K, ordered):
 
 
 @pytest.mark.parametrize("ordered", [False, True])
-def test_num_sets_counts(ordered):
+def test_count_possible_sets(ordered):
     for N in range(1, 8):
         for n in range(1, N + 1):
-            assert num_sets(N, n, ordered) == len(every_set(N, n, ordered))
-    assert num_sets(8, 4, ordered) == (1680 if ordered else 70)
-    assert num_sets(64, 8, ordered) == (math.perm(64, 8) if ordered else math.comb(64, 8))
+            assert count_possible_sets(N, n, ordered) == len(every_set(N, n, ordered))
+    assert count_possible_sets(8, 4, ordered) == (1680 if ordered else 70)
+    assert count_possible_sets(64, 8, ordered) == (math.perm(64, 8) if ordered else math.comb(64, 8))
 
 
 @st.composite
@@ -42,7 +42,7 @@ def set_problems(draw):
     N = draw(st.integers(1, 9))
     n = draw(st.integers(1, N))
     ordered = draw(st.booleans())
-    K = draw(st.integers(1, min(num_sets(N, n, ordered), 60)))
+    K = draw(st.integers(1, min(count_possible_sets(N, n, ordered), 60)))
     return N, n, K, ordered, draw(st.integers(0, 2 ** 32 - 1))
 
 
@@ -57,7 +57,7 @@ def test_sample_sets_valid(problem):
 def test_sample_sets_every_set_when_K_is_the_total(ordered):
     rng = np.random.default_rng(0)
     for N, n in [(5, 2), (4, 4), (6, 3)]:
-        total = num_sets(N, n, ordered)
+        total = count_possible_sets(N, n, ordered)
         sets_K_n = sample_sets(N, n, total, ordered=ordered, rng=rng)
         assert sorted(map(tuple, sets_K_n.tolist())) == every_set(N, n, ordered)
 
@@ -76,7 +76,7 @@ def test_sample_sets_uniform_over_collections(N, n, K, ordered):
     samples = [sample_sets(N, n, K, ordered=ordered, rng=rng) for _ in range(draws)]
     key = (lambda row: tuple(row)) if ordered else (lambda row: frozenset(row))
     collections_seen = collections.Counter(frozenset(key(r) for r in s.tolist()) for s in samples)
-    cells = math.comb(num_sets(N, n, ordered), K)
+    cells = math.comb(count_possible_sets(N, n, ordered), K)
     assert len(collections_seen) == cells
     p = 1 / cells
     expected, se = draws * p, math.sqrt(draws * p * (1 - p))
@@ -84,7 +84,7 @@ def test_sample_sets_uniform_over_collections(N, n, K, ordered):
     chi2 = sum((c - expected) ** 2 / expected for c in collections_seen.values())
     assert chi2 < (cells - 1) + 5 * math.sqrt(2 * (cells - 1))  # mean + 5 sd of chi2(cells - 1)
     in_draw = collections.Counter(key(r) for s in samples for r in s.tolist())
-    p_set = K / num_sets(N, n, ordered)
+    p_set = K / count_possible_sets(N, n, ordered)
     se_set = math.sqrt(draws * p_set * (1 - p_set))
     assert all(abs(c - draws * p_set) <= 5 * se_set + 1e-9 for c in in_draw.values())
 
@@ -116,7 +116,7 @@ def exact_coverage(N, n, K, ordered):
 @pytest.mark.parametrize("ordered", [False, True])
 def test_coverage_probability_exact_by_enumeration(ordered):
     for N, n in [(3, 1), (3, 2), (4, 2), (4, 3), (5, 2), (3, 3)]:
-        for K in range(1, min(num_sets(N, n, ordered), 4) + 1):
+        for K in range(1, min(count_possible_sets(N, n, ordered), 4) + 1):
             assert coverage_probability(N, n, K, ordered) == float(exact_coverage(N, n, K, ordered))
 
 
@@ -138,14 +138,21 @@ def test_paper_defaults():
     assert 1 - coverage_probability(8, 4, 4, ordered=False) == pytest.approx(0.0571, abs=1e-4)
 
 
+def test_every_function_defaults_to_unordered_sets_as_spiral_samples():
+    assert gradient_scale(8, 4, 4) == 1365 / 1541
+    assert coverage_probability(8, 4, 4) == 1453 / 1541
+    assert count_possible_sets(8, 4) == 70
+    assert np.all(np.diff(sample_sets(8, 4, 4, rng=np.random.default_rng(0)), axis=1) > 0)
+
+
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.integers(1, 40), st.integers(1, 40), st.booleans())
 def test_gradient_scale_K1_is_zero_and_K_above_one_is_positive(N, n, ordered):
     n = min(n, N)
     assert coverage_probability(N, n, 1, ordered) == n / N
     assert gradient_scale(N, n, 1, ordered) == 0.0
-    if N > n and num_sets(N, n, ordered) >= 2:
-        for K in (2, min(7, num_sets(N, n, ordered))):
+    if N > n and count_possible_sets(N, n, ordered) >= 2:
+        for K in (2, min(7, count_possible_sets(N, n, ordered))):
             assert gradient_scale(N, n, K, ordered) > 0
 
 
@@ -185,11 +192,11 @@ def test_gradient_scale_large_inputs_do_not_overflow(N, n, K, ordered):
     (lambda: sample_sets(5.0, 2, 1, rng=np.random.default_rng()), r"num_traces must be an integer, got 5.0"),
     (lambda: sample_sets(5, 2, 1.5, rng=np.random.default_rng()), r"num_sets must be an integer, got 1.5"),
     (lambda: sample_sets(5, True, 1, rng=np.random.default_rng()), r"set_size must be an integer, got True"),
-    (lambda: num_sets(4, 5), r"set_size=5 is larger than num_traces=4"),
-    (lambda: num_sets(4, "2"), r"set_size must be an integer, got '2'"),
+    (lambda: count_possible_sets(4, 5), r"set_size=5 is larger than num_traces=4"),
+    (lambda: count_possible_sets(4, "2"), r"set_size must be an integer, got '2'"),
     (lambda: coverage_probability(8, 4, 71, ordered=False), r"num_sets=71 exceeds the 70 possible sets"),
     (lambda: coverage_probability(8, 9, 1), r"set_size=9 is larger than num_traces=8"),
-    (lambda: gradient_scale(8, 4, 1681), r"num_sets=1681 exceeds the 1680 possible ordered tuples"),
+    (lambda: gradient_scale(8, 4, 1681, ordered=True), r"num_sets=1681 exceeds the 1680 possible ordered tuples"),
     (lambda: gradient_scale(8, 4, -2), r"num_sets must be at least 1, got -2"),
 ])
 def test_bad_inputs(call, message):
