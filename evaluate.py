@@ -65,7 +65,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import figures
 import rollout
+import tiny
+from lora import load_adapter, use_adapter
+from reward import answers_equivalent, extract_answer, reward
 
 METHODS = ("passk", "majority", "rsa", "sequential")
 
@@ -81,7 +85,7 @@ PRESETS = {
         majority_subsets=32, micro_batch_size=None,
     ),
     "tiny": dict(  # seconds on a CPU: the tiny preset's warm-started base (train.warm_start_tiny) on its sums task
-        model=rollout.TINY_WARM_START_DIR, data="tiny_sums", limit=20,
+        model=tiny.WARM_START_DIR, data="tiny_sums", limit=20,
         num_samples=8, max_new_tokens=12, temperature=1.0,  # a tiny-task trace is 8 tokens ("3 + 5 = \\boxed{8}")
         rsa_population=8, rsa_set_size=4, rsa_steps=3,
         max_tokens_list=[4, 8, 12],
@@ -131,7 +135,7 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
 
 def cluster_answers(answers: list[str | None], equivalent=None) -> list[int | None]:
     """Group id per answer by math-verify equivalence (None stays None: no answer, no vote). See note 3."""
-    equivalent = equivalent or rollout.answers_equivalent
+    equivalent = equivalent or answers_equivalent
     representatives: list[str] = []  # first member of each group
     group_of: dict[str, int] = {}  # exact strings seen before (saves math-verify calls)
     ids: list[int | None] = []
@@ -308,7 +312,7 @@ def recursive_self_aggregation(problem: str, *, population: int, set_size: int, 
 
 
 def _graded(traces: list[Trace], gold: str) -> list[dict]:
-    return [{"answer": rollout.extract_answer(t.text), "correct": rollout.reward(t.text, gold) == 1.0,
+    return [{"answer": extract_answer(t.text), "correct": reward(t.text, gold) == 1.0,
              "tokens": t.num_tokens, "truncated": t.truncated} for t in traces]
 
 
@@ -402,43 +406,6 @@ def format_table(summary: dict) -> str:
         for row in zip(*(s[c] for c in cols), s["tokens"], s["budget"]):
             lines.append("  ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{v:>14}" for v in row))
     return "\n".join(lines)
-
-
-def plot(summary: dict, path: Path) -> None:
-    """One PNG: accuracy against k, RSA step and max_new_tokens, and every method against tokens generated."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is not installed (optional: pip install matplotlib): wrote JSON only, no plot")
-        path.unlink(missing_ok=True)  # not a stale plot of an earlier run next to this run's JSON
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    curves = {"passk": ("k", "pass_at_k", "pass@k"), "majority": ("k", "accuracy", "majority@k"),
-              "rsa": ("step", "pass_at_1", "RSA pass@1"), "sequential": ("max_new_tokens", "pass_at_1", "sequential")}
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
-    for method, (x, y, label) in curves.items():
-        if method not in summary:
-            continue
-        s = summary[method]
-        ax = axes[{"passk": 0, "majority": 0, "rsa": 1, "sequential": 2}[method]]
-        ax.plot(s[x], s[y], marker="o", label=label)
-        ax.set_xlabel({"k": "k (samples)", "step": "RSA step", "max_new_tokens": "max new tokens"}[x])
-        axes[3].plot(s["tokens"], s[y], marker="o", label=label)
-    titles = ["parallel: pass@k, majority@k", "recursive self-aggregation", "sequential compute", "token usage"]
-    for ax, title in zip(axes, titles):
-        ax.set(ylabel="accuracy", title=title)
-        if ax.lines:
-            ax.legend()
-    for ax in (axes[0], axes[2], axes[3]):
-        ax.set_xscale("log", base=2)
-    axes[1].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    axes[3].set_xlabel("tokens generated per problem")
-    fig.tight_layout()
-    fig.savefig(path)
-    print(f"wrote {path}")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -546,12 +513,10 @@ def load_model(cfg):
     model, tokenizer = rollout.load_policy(cfg.model)
     aggregation_adapter = None
     if cfg.adapter:
-        import train  # only here: evaluating a base model does not need the training code
-
-        train.load_adapter(model, cfg.adapter)
+        load_adapter(model, cfg.adapter)
         if (Path(cfg.adapter) / "aggregator" / "adapter_config.json").is_file():
-            train.load_adapter(model, str(Path(cfg.adapter) / "aggregator"), "aggregator")
-            aggregation_adapter = lambda: train.use_adapter(model, "aggregator")  # noqa: E731
+            load_adapter(model, str(Path(cfg.adapter) / "aggregator"), "aggregator")
+            aggregation_adapter = lambda: use_adapter(model, "aggregator")  # noqa: E731
     return model.eval(), tokenizer, aggregation_adapter
 
 
@@ -592,7 +557,7 @@ def main(argv=None) -> int:
     print(format_table(summary))
     print(f"\n{len(problems)} problems; traces generated: {cache.generated}, read from the cache {cache.root} "
           f"(methods share search traces): {cache.reused}; wrote {out}")
-    plot(summary, out.with_suffix(".png"))
+    figures.plot_evaluation(summary, out.with_suffix(".png"))
     return 0
 
 

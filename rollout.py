@@ -1,45 +1,28 @@
-"""Rollouts: everything between "a list of problems" and "graded completions".
+"""Rollouts: from "a list of problems" to sampled completions (Algorithm 1, lines 2 and 7).
 
-SPIRAL spends all of its compute here. This file holds
-  1. the paper's two prompts (appendix, "Search Trace Prompt" and "Aggregation Trace Prompt"),
-  2. `load_problems`: bundled JSONL sets (data/), a local JSONL file, or a Hugging Face Hub dataset (POLARIS-53K),
-  3. `load_policy`: a Hugging Face causal LM, or "tiny", a Qwen3-architecture model with a tokenizer
-     built entirely in code, so that every code path runs offline on a CPU in seconds,
-  4. `generate`: sampling y ~ pi_theta(. | x) with Hugging Face `generate`, returning `Completion`s that carry the
-     sampler's own log-probabilities (for the importance-sampling loss in train.py),
-  5. `reward`: the verifiable reward r(x, y) in {0, 1}: the last \\boxed{} answer graded by math-verify.
+  1. the paper's two prompts (appendix, "Search Trace Prompt" and "Aggregation Trace Prompt"), word for word;
+  2. `load_problems`: bundled JSONL sets (data/), a local JSONL file, or a Hub dataset (POLARIS-53K);
+  3. `load_policy`: a Hugging Face causal LM, or "tiny" (tiny.py: built in code, runs offline on a CPU);
+  4. `generate`: y ~ pi_theta(. | x) with Hugging Face `generate`, returning `Completion`s that carry the
+     sampler's own log-probabilities (the denominator of train.py's importance ratio).
 
-Choices the paper leaves open, and how they are made here:
-  1. Sampling is plain temperature sampling from the full softmax: no top-k, top-p or min-p, and no repetition
-     penalty, whatever the model's generation_config.json asks for (Qwen3-4B-Instruct-2507 ships top_k=20,
-     top_p=0.8, temperature=0.7). The policy gradient is only correct if pi_theta is the distribution sampled from.
-  2. The N2 aggregation samples of one prompt share one prefill of that prompt (`generate(share_prefix=True)`):
-     the prompt's KV cache is computed once and copied N2 times. This saves prefill compute, not memory.
-  3. The reward uses the *last* \\boxed{...} (or \\fbox{...}) of the completion; a completion without one, or
-     whose answer is longer than MAX_ANSWER_CHARS, scores 0. math-verify runs in a separate worker process with a
-     hard time limit, so that no answer can hang training.
-
-Quick check:  python -c "import rollout; m, t = rollout.load_policy('tiny'); \\
-                  print(rollout.generate(m, t, ['What is 1+1?'], samples_per_prompt=2, max_new_tokens=8))"
+Choices the paper leaves open:
+  1. Plain temperature sampling from the full softmax: no top-k, top-p, min-p or repetition penalty, whatever the
+     model's generation_config.json says (Qwen3-4B-Instruct-2507 ships top_k=20, top_p=0.8, temperature=0.7).
+     The policy gradient is only right if pi_theta is the distribution that was sampled.
+  2. The N2 aggregation samples of one prompt share one prefill of it (`generate(share_prefix=True)`): the
+     prompt's KV cache is computed once and copied N2 times. That saves prefill compute, not memory.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
 import inspect
 import json
 import os
 import re
-import select
-import subprocess
-import sys
-import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
@@ -113,26 +96,6 @@ BUNDLED = {  # name -> file in data/ (provenance and licenses: data/SOURCES.md)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(:[^:]+)?$")  # "owner/name" or "owner/name:file/in/repo.jsonl"
 
 
-def tiny_sum_problems(seed: int = 0) -> list[Problem]:
-    """The synthetic task of `--preset tiny`: "What is a + b?" for every pair of digits a, b in 0..9 (100 problems),
-    gold answer str(a + b), graded by `reward` like any other problem. The order is a fixed shuffle (`seed`), so
-    that the first N problems (evaluate.py --limit) are a fair sample rather than all "0 + b".
-
-    Small enough that a ~1M-parameter model learns it on a CPU in minutes, yet the warm-started policy makes
-    independent mistakes (train.warm_start_tiny), so a set of search traces holds more than any one of them.
-    Training and evaluation use the same 100 problems: the demo shows learning, not generalisation.
-    """
-    problems = [Problem(f"What is {a} + {b}?", str(a + b), f"sum-{a}-{b}") for a in range(10) for b in range(10)]
-    order = np.random.default_rng(seed).permutation(len(problems))
-    return [problems[i] for i in order]
-
-
-GENERATED = {"tiny_sums": tiny_sum_problems}  # name -> function returning the problems (no file needed)
-# The base model of `--preset tiny` (train.py and evaluate.py): the tiny policy after train.warm_start_tiny on
-# tiny_sum_problems, a save_pretrained directory that load_policy loads like any local model.
-TINY_WARM_START_DIR = os.path.join(DATA_DIR, "tiny_warmstart")
-
-
 class ProblemFileError(ValueError):
     """A malformed problem file: the message names the file, the line number and the field."""
 
@@ -162,14 +125,15 @@ def load_problems(source: str) -> list[Problem]:
     """
     if source in BUNDLED:
         return _read_jsonl(os.path.join(DATA_DIR, BUNDLED[source]))
-    if source in GENERATED:
-        return GENERATED[source]()
+    if source == "tiny_sums":  # the CPU demo's task, generated in code
+        from tiny import tiny_sum_problems
+        return tiny_sum_problems()
     if os.path.exists(source):
         return _read_jsonl(source)
     if HUB_ID.match(source) and not source.partition(":")[0].endswith((".jsonl", ".json")):
         return [problem for path in _fetch_from_hub(source) for problem in _read_jsonl(path)]
     raise FileNotFoundError(
-        f"problem source {source!r} is not a bundled set ({', '.join([*BUNDLED, *GENERATED])}), an existing file, "
+        f"problem source {source!r} is not a bundled set ({', '.join([*BUNDLED, 'tiny_sums'])}), an existing file, "
         f"or a Hub dataset id like 'POLARIS-Project/Polaris-Dataset-53K'"
     )
 
@@ -241,91 +205,6 @@ class Completion:
     truncated: bool  # hit max_new_tokens without an EOS
 
 
-TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# ChatML, as in Qwen3's template (without the tool-calling and thinking branches).
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def _tiny_corpus() -> list[str]:
-    """Text the tiny byte-level BPE is trained on: the two prompts, the chat markup and math-like strings
-    (deterministic)."""
-    # The templates are repeated so that their phrases become single tokens: prompts stay short on a CPU.
-    lines = [search_prompt("What is 12 + 34?"), aggregation_prompt("What is 12 + 34?", ["a", "b", "c", "d"])] * 20
-    lines += ["<|im_start|>user\n", "<|im_start|>assistant\n"] * 20
-    lines += [f"The answer is \\boxed{{{i}}}. {i} + {i % 7} = {i + i % 7}, {i} * 3 = {3 * i}." for i in range(200)]
-    lines += ["Problem: Solution: Let x = y - z; then x^2 + 2x + 1 = (x+1)^2 and \\frac{1}{2} \\sqrt{3} \\pi."] * 5
-    return lines
-
-
-def build_tiny_tokenizer(vocab_size: int = 1024):
-    """A byte-level BPE tokenizer built in code (no download) with Qwen3's special tokens and ChatML template.
-
-    Like Qwen3: `<|im_end|>` is the EOS the chat template uses, `<|endoftext|>` is the pad token and a second
-    stop token (so pad is one of the EOS ids: completions must be cut by position, never by `== pad`).
-
-    Unlike Qwen3's regex pre-tokenizer, merges may cross spaces (`use_regex=False`), so the prompts' fixed phrases
-    become a few tokens each: the aggregation prompt with four tiny-task candidates ("3 + 5 = \\boxed{8}") is 67
-    tokens instead of 306 with a GPT-2-style pre-tokenizer, and aggregation prompts are most of the CPU time of
-    `--preset tiny`. Runs of digits are split off first ("isolated"), so a number never merges with the text around
-    it; 0..88 (every answer of the tiny task) are one token each.
-    """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\d+"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=TINY_SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(_tiny_corpus(), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
-    tokenizer.chat_template = CHATML_TEMPLATE
-    tokenizer.padding_side = "left"
-    return tokenizer
-
-
-def build_tiny_model(tokenizer, seed: int = 0):
-    """A tiny Qwen3-architecture causal LM (about 0.9M parameters), identical weights for a given seed."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]),
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    with torch.random.fork_rng(devices=[]):  # CPU init only; do not disturb the caller's global RNG stream
-        torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True, temperature=1.0
-    )
-    return model.float().eval()
-
-
 def load_policy(name_or_path: str = DEFAULT_MODEL, device: str | None = None):
     """Return (model, tokenizer) for the policy pi_theta: a Hugging Face model id, a local directory, or "tiny".
 
@@ -334,8 +213,8 @@ def load_policy(name_or_path: str = DEFAULT_MODEL, device: str | None = None):
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if name_or_path == "tiny":
-        tokenizer = build_tiny_tokenizer()
-        return build_tiny_model(tokenizer).to(device), tokenizer
+        from tiny import load_tiny_policy  # imported here: tiny.py imports this module
+        return load_tiny_policy(device)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -621,177 +500,3 @@ def _sample_micro_batch(model, prompt_ids, copies, max_new_tokens, temperature, 
         )  # (B, L + T)
     logprobs = recorder.finish(sequences)  # (B, T)
     return sequences[:, prompt_length:].tolist(), logprobs.tolist()
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 5. Rewards: r(x, y) in {0, 1}
-
-MAX_ANSWER_CHARS = 1000  # a longer \boxed{} answer scores 0 unparsed (longest bundled gold answer: 159 characters)
-GRADE_TIMEOUT_S = 5.0  # hard limit per comparison: the worker is killed and restarted past it
-WORKER_START_TIMEOUT_S = 120.0  # importing sympy and math-verify takes ~0.5 s; generous for a busy machine
-_INNER_TIMEOUT_S = 1  # math-verify's own signal.alarm limits (whole seconds) for each parse and comparison
-
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-
-
-def extract_answer(text: str) -> str | None:
-    """The final answer of a completion y, as graded by r(x, y): the content of its last \\boxed{...} or \\fbox{...}.
-
-    Nested braces are followed; "\\boxed {x}" (a space) counts; escaped braces \\{ \\} do not nest. None if there is
-    no \\boxed{}, if the last one is never closed (a truncated completion: the earlier ones are not answers the model
-    committed to), or if it is empty. Runs in linear time on any input.
-    """
-    if not isinstance(text, str):
-        return None
-    last = None
-    for last in _BOXED.finditer(text):
-        pass
-    if last is None:
-        return None
-    depth, position = 1, last.end()
-    while position < len(text):
-        char = text[position]
-        if char == "\\":
-            position += 2  # skip the escaped character (\{, \}, \\)
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                answer = text[last.end() : position].strip()
-                return answer or None
-        position += 1
-    return None
-
-
-def answers_equivalent(answer_a: str, answer_b: str) -> bool:
-    """Whether two final answers are mathematically the same, per math-verify with `answer_a` as the gold answer.
-
-    Both are parsed as LaTeX math ("$" + answer + "$"); math_verify.verify(gold, prediction) is not symmetric
-    (gold first). Identical strings (after stripping whitespace) are equivalent without parsing. Never raises, never
-    hangs: non-strings, empty answers and answers longer than MAX_ANSWER_CHARS are not equivalent, and a comparison
-    that takes longer than GRADE_TIMEOUT_S counts as not equivalent. Results are cached, timeouts included
-    (majority voting compares the same answers many times; an explosive answer costs its timeout only once).
-    """
-    if not isinstance(answer_a, str) or not isinstance(answer_b, str):
-        return False
-    answer_a, answer_b = answer_a.strip(), answer_b.strip()
-    if not answer_a or not answer_b or len(answer_a) > MAX_ANSWER_CHARS or len(answer_b) > MAX_ANSWER_CHARS:
-        return False
-    if answer_a == answer_b:
-        return True
-    return _verify_cached(answer_a, answer_b)
-
-
-def reward(completion_text: str, gold_answer: str) -> float:
-    """Verifiable reward r(x, y): 1.0 if the last \\boxed{} answer of y equals the gold answer, else 0.0.
-
-    Grading: math_verify.verify(parse("$" + gold + "$"), parse("$" + answer + "$")), gold first, in a worker
-    process with a hard time limit (see `answers_equivalent`). Never raises on any input and never hangs: the worst
-    case is GRADE_TIMEOUT_S plus a worker restart. The common case costs milliseconds (measured on a busy 2-core
-    CPU: integers ~1 ms, fractions ~8 ms; ~0.5-1 s once, to start the worker). The only exception is a
-    RuntimeError when the worker cannot start at all (math-verify not installed): silent zero rewards would be worse.
-    """
-    answer = extract_answer(completion_text)
-    if answer is None:
-        return 0.0
-    return 1.0 if answers_equivalent(gold_answer, answer) else 0.0
-
-
-@functools.lru_cache(maxsize=100_000)
-def _verify_cached(gold: str, answer: str) -> bool:
-    return _GRADER.equivalent(gold, answer)
-
-
-# The worker is a fresh interpreter that imports only math-verify (not torch, not this module): a `multiprocessing`
-# spawn/forkserver child would re-import the parent's __main__ (train.py, with torch and transformers) first, and
-# a forked child would inherit torch's threads. In its own main thread math-verify's signal.alarm timeouts work;
-# the parent's hard limit covers what they cannot interrupt (long C-level computations, e.g. huge integer powers).
-_WORKER_SOURCE = f"""
-import json, logging, sys
-logging.disable(logging.CRITICAL)  # math-verify logs every timeout as a warning
-try:
-    import resource  # a runaway computation must not eat the training machine's memory
-    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-except Exception:
-    pass
-from math_verify import parse, verify
-out = sys.stdout.buffer
-out.write(b"ready\\n"); out.flush()
-for line in sys.stdin.buffer:
-    try:
-        gold, answer = json.loads(line)
-        gold = parse("$" + gold + "$", parsing_timeout={_INNER_TIMEOUT_S})
-        answer = parse("$" + answer + "$", parsing_timeout={_INNER_TIMEOUT_S})
-        ok = verify(gold, answer, timeout_seconds={_INNER_TIMEOUT_S})
-    except BaseException:  # math-verify's TimeoutException is a BaseException; RecursionError, MemoryError, ...
-        ok = False
-    out.write(b"1\\n" if ok else b"0\\n"); out.flush()
-"""
-
-
-class _GradingWorker:
-    """A persistent math-verify process, one request at a time (a lock), usable from any thread."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._process: subprocess.Popen | None = None
-        self._owner_pid = os.getpid()
-        self._buffer = b""
-
-    def equivalent(self, gold: str, answer: str) -> bool:
-        request = json.dumps([gold, answer]).encode("ascii") + b"\n"  # ASCII: control characters are escaped
-        with self._lock:
-            if self._process is None or self._process.poll() is not None or self._owner_pid != os.getpid():
-                self._start()
-            try:
-                self._process.stdin.write(request)
-                self._process.stdin.flush()
-                reply = self._read_line(time.monotonic() + GRADE_TIMEOUT_S)
-            except OSError:  # the worker died (e.g. out of memory)
-                reply = None
-            if reply is None:
-                self._stop()
-                return False
-            return reply == b"1"
-
-    def _start(self) -> None:
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_SOURCE],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
-        )
-        self._owner_pid = os.getpid()
-        self._buffer = b""
-        if self._read_line(time.monotonic() + WORKER_START_TIMEOUT_S) != b"ready":
-            self._stop()
-            raise RuntimeError(f"the grading worker did not start; is math-verify installed for {sys.executable}?")
-
-    def _read_line(self, deadline: float) -> bytes | None:
-        """The worker's next output line, or None on timeout or end of file."""
-        poller = select.poll()  # poll, not select: no limit on the descriptor number
-        poller.register(self._process.stdout, select.POLLIN)
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not poller.poll(remaining * 1000):
-                return None
-            chunk = os.read(self._process.stdout.fileno(), 4096)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line
-
-    def _stop(self) -> None:
-        if self._process is not None and self._owner_pid == os.getpid():
-            self._process.kill()
-            self._process.wait()
-        self._process = None
-
-    def close(self) -> None:
-        with self._lock:
-            self._stop()
-
-
-_GRADER = _GradingWorker()
-atexit.register(_GRADER.close)

@@ -1,7 +1,7 @@
 """Memory and speed of SPIRAL-ref at the 4B scale on one GPU, and of the chunked log-probs on CPU.
 
 What it measures (issue 7), always through the project's own code paths (rollout.generate, spiral.collect_*,
-train.add_lora / completion_logprobs / accumulate_gradients / train_step), on Qwen3-4B's architecture built from
+lora.add_lora / completion_logprobs / accumulate_gradients / train_step), on Qwen3-4B's architecture built from
 its published configuration with RANDOM weights (no download). Random weights almost never emit an EOS (3 of
 151,936 ids), so sequences run to their maximum length: a worst case.
 
@@ -32,7 +32,7 @@ Each figure is printed next to its goal and next to a floor measured in the same
               solve a problem, so every reward would be 0 and dynamic sampling would keep nothing to train on: the
               benchmark grades with seeded coin flips instead (`_coin_flip_rewards`), the worst case for training.
 CPU part (runs in CI at --small size):
-  5. logprobs peak memory of train.completion_logprobs (chunked lm_head, the training path) against a naive
+  5. logprobs peak memory of completion_logprobs (chunked lm_head, the training path) against a naive
               full-logits path, forward + backward of the importance-sampling loss, at vocabulary 151,936 and
               4,096 completion tokens, as a ratio measured in one run (goal >= 8x lower), and the time ratio.
               Method: each path runs in a fresh subprocess; after building the model and inputs, free memory is
@@ -78,6 +78,9 @@ from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config  # 
 import rollout  # noqa: E402
 import spiral  # noqa: E402
 import train  # noqa: E402
+from logprobs import TokenBatch, completion_logprobs, position_ids_from_mask  # noqa: E402
+import lora  # noqa: E402
+import tiny  # noqa: E402
 
 GB = 1e9
 
@@ -103,7 +106,7 @@ def synthetic_tokenizer(vocab_size: int):
     decode joins words with spaces and encoding splits on whitespace, so a random model's completion, decoded and
     put into an aggregation prompt, costs exactly as many prompt tokens as it had completion tokens: the prompt
     lengths of the real pipeline, without Qwen's 151k-token BPE. Every English word of the paper's templates is
-    one [UNK] token. Special tokens, ChatML template, EOS and pad are Qwen3's (as in rollout.build_tiny_tokenizer).
+    one [UNK] token. Special tokens, ChatML template, EOS and pad are Qwen3's (as in tiny.build_tiny_tokenizer).
     """
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -115,7 +118,7 @@ def synthetic_tokenizer(vocab_size: int):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, eos_token="<|im_end|>",
                                         pad_token="<|endoftext|>", unk_token="[UNK]",
                                         additional_special_tokens=["<|im_start|>"])
-    tokenizer.chat_template = rollout.CHATML_TEMPLATE
+    tokenizer.chat_template = tiny.CHATML_TEMPLATE
     tokenizer.padding_side = "left"
     return tokenizer
 
@@ -248,7 +251,7 @@ def decoder_matmul_params(cfg) -> int:
 
 
 def lora_params(model) -> int:
-    return sum(p.numel() for name in train.adapter_names(model) for p in train.lora_parameters(model, name))
+    return sum(p.numel() for name in lora.adapter_names(model) for p in lora.lora_parameters(model, name))
 
 
 def attention_flops(cfg, T: int) -> int:
@@ -333,7 +336,7 @@ def measure_train_step(model, tokenizer, scale: Scale, device: str, floors: dict
     kwargs = dict(loss_normalizer=float(len(completion_ids)), temperature=1.0,
                   micro_batch_tokens=max(defaults.micro_batch_tokens, T), chunk_size=defaults.logprob_chunk_size,
                   pad_token_id=tokenizer.pad_token_id)
-    optimizer = torch.optim.AdamW(train.lora_parameters(model), lr=1e-9)
+    optimizer = torch.optim.AdamW(lora.lora_parameters(model), lr=1e-9)
     model.train()
     train.train_step(model, optimizer, [sample], **kwargs)  # warm-up; allocates AdamW's state as in training
     model.train()
@@ -355,7 +358,7 @@ def measure_train_step(model, tokenizer, scale: Scale, device: str, floors: dict
 
 def _timed_generate(model, tokenizer, prompts, *, samples, new_tokens, device, micro_batch_size=None,
                     share_prefix=True, adapter=True):
-    context = contextlib.nullcontext() if adapter else train.adapters_disabled(model)
+    context = contextlib.nullcontext() if adapter else lora.use_adapter(model, None)
     with context, Meter(device) as meter:
         out = rollout.generate(model, tokenizer, prompts, samples_per_prompt=samples, max_new_tokens=new_tokens,
                                micro_batch_size=micro_batch_size, share_prefix=share_prefix)
@@ -456,7 +459,7 @@ def _one_step(model, tokenizer, scale: Scale, device: str, algo: str, adapter: b
     stream = iter(problems * 2)
     draw = lambda: next(stream)  # noqa: E731
     calls: list[float] = []
-    context = contextlib.nullcontext() if adapter else train.adapters_disabled(model)
+    context = contextlib.nullcontext() if adapter else lora.use_adapter(model, None)
     common = dict(batch_problems=scale.step_problems, max_draws=scale.step_problems, rng=rng)
     with _coin_flip_rewards(), _timed_generate_calls(calls), Meter(device) as collect, torch.no_grad(), context:
         if algo == "spiral":
@@ -470,7 +473,7 @@ def _one_step(model, tokenizer, scale: Scale, device: str, algo: str, adapter: b
                                            max_new_tokens=scale.grpo_new_tokens, **common)
             budget = scale.grpo_group * scale.grpo_new_tokens
     defaults = train.TrainConfig()
-    optimizer = torch.optim.AdamW(train.lora_parameters(model), lr=1e-9)
+    optimizer = torch.optim.AdamW(lora.lora_parameters(model), lr=1e-9)
     with Meter(device) as training:
         stats = train.train_step(model, optimizer, rollouts.samples, loss_normalizer=scale.step_problems * budget,
                                  micro_batch_tokens=defaults.micro_batch_tokens,
@@ -513,7 +516,7 @@ def run_gpu_part(args) -> dict:
         scale = dataclasses.replace(scale, step_problems=args.step_problems)
     torch.manual_seed(0)
     model, tokenizer = build_policy(args.size, device, dtype)
-    train.add_lora(model, rank=32, alpha=32.0)  # train.py's setup: rank 32 on every projection, checkpointing
+    lora.add_lora(model, rank=32, alpha=32.0)  # train.py's setup: rank 32 on every projection, checkpointing
     train.enable_gradient_checkpointing(model)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
     floors = measure_floors(device, dtype, args.size)
@@ -569,12 +572,12 @@ def print_result(key: str, r: dict) -> None:
 # 5. CPU: chunked log-probs against the naive full-logits path
 
 
-def naive_completion_logprobs(model, batch: train.TokenBatch, temperature: float) -> torch.Tensor:
+def naive_completion_logprobs(model, batch: TokenBatch, temperature: float) -> torch.Tensor:
     """The obvious path: full (B, T, V) fp32 logits, log_softmax, gather at completion positions.
 
     Kept lean so the comparison does not flatter the chunked path: no entropy, and no division at temperature 1.
     """
-    position_ids = train.position_ids_from_mask(batch.attention_mask)
+    position_ids = position_ids_from_mask(batch.attention_mask)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
                    use_cache=False).logits.float()[:, :-1]  # (B, T-1, V)
     if temperature != 1.0:
@@ -595,7 +598,7 @@ def logprob_worker(spec: dict) -> dict:
                          intermediate_size=3 * spec["hidden_size"], vocab_size=V, tie_word_embeddings=True,
                          max_position_embeddings=8192)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
-    params = train.add_lora(model, rank=32, alpha=32.0)
+    params = lora.add_lora(model, rank=32, alpha=32.0)
     g = torch.Generator().manual_seed(spec["seed"])
     with torch.no_grad():  # B != 0, so every LoRA parameter gets a gradient
         for p in params:
@@ -605,13 +608,13 @@ def logprob_worker(spec: dict) -> dict:
     P, L = spec["prompt_tokens"], spec["completion_tokens"]
     ids = torch.randint(len(SPECIAL_TOKENS), V, (P + L,), generator=g).tolist()
     sample = spiral.Sample(ids[:P], ids[P:], [-math.log(V)] * L, 1.0, "search")
-    batch = train.TokenBatch.from_samples([sample], 0, "cpu")
+    batch = TokenBatch.from_samples([sample], 0, "cpu")
     advantages = torch.randn(L, generator=g)  # (N,) a different advantage per token: a non-trivial gradient
     sampler = torch.tensor(sample.sampler_logprobs)  # (N,)
 
     with Meter("cpu") as meter:
         if spec["path"] == "chunked":
-            logprobs, _ = train.completion_logprobs(model, batch, spec["temperature"], spec["chunk_size"])
+            logprobs, _ = completion_logprobs(model, batch, spec["temperature"], spec["chunk_size"])
         else:
             logprobs = naive_completion_logprobs(model, batch, spec["temperature"])
         loss, _ = train.importance_sampling_loss(logprobs, sampler, advantages, float(L))

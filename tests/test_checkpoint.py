@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 
 import spiral
 import train
+import checkpoint
+import lora
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +52,7 @@ def _tensors(out):
 
 
 def _metrics(out):
-    rows = train.read_metrics(os.path.join(out, "metrics.jsonl"))
+    rows = checkpoint.read_metrics(os.path.join(out, "metrics.jsonl"))
     return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
 
 
@@ -62,7 +64,7 @@ def test_one_grpo_step_end_to_end(data, tmp_path):
     assert abs(row["train/importance_ratio_mean"] - 1) < 1e-3  # learner and sampler agree on-policy
     B = [v for (_, k), v in _tensors(tmp_path / "grpo").items() if k.endswith("lora_B.weight")]
     assert len(B) == 2 * 7 * 2 and any(b.abs().max() > 0 for b in B)  # B started at 0: the step moved it
-    config = train.read_adapter_config(str(tmp_path / "grpo" / "adapter"))
+    config = lora.read_adapter_config(str(tmp_path / "grpo" / "adapter"))
     assert config["base_model_name_or_path"] == str(tmp_path / "grpo" / "base")
     assert os.path.exists(tmp_path / "grpo" / "base" / "config.json")
     assert open(tmp_path / "grpo" / "checkpoint" / "latest").read().strip() == "step-000001"

@@ -15,6 +15,9 @@ from safetensors.torch import load_file
 
 import rollout
 import train
+import checkpoint
+import reward
+import tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,22 +39,22 @@ def test_tiny_task_is_graded_by_the_real_reward():
     assert len({p.problem.split()[2] for p in problems[:20]}) >= 5  # shuffled: --limit 20 sees many first digits
     p = next(p for p in problems if p.problem == "What is 3 + 7?")
     assert p.answer == "10" and p.id == "sum-3-7"
-    assert rollout.reward(train.tiny_trace(p.problem, "10"), p.answer) == 1.0
-    assert rollout.reward(train.tiny_trace(p.problem, "11"), p.answer) == 0.0
-    assert rollout.reward(train.tiny_trace(p.problem, "10")[:-1], p.answer) == 0.0  # unclosed \boxed{: no answer
+    assert reward.reward(tiny.tiny_trace(p.problem, "10"), p.answer) == 1.0
+    assert reward.reward(tiny.tiny_trace(p.problem, "11"), p.answer) == 0.0
+    assert reward.reward(tiny.tiny_trace(p.problem, "10")[:-1], p.answer) == 0.0  # unclosed \boxed{: no answer
 
 
 def test_shipped_warm_start_matches_the_code():
-    """data/tiny_warmstart/ must be what warm_start_tiny writes: same tokenizer as rollout.build_tiny_tokenizer and
-    the same architecture as rollout.build_tiny_model (regenerate it with --warm-start-only if either changes)."""
-    model, tokenizer = rollout.load_policy(rollout.TINY_WARM_START_DIR, device="cpu")
-    fresh_tokenizer = rollout.build_tiny_tokenizer()
+    """data/tiny_warmstart/ must be what warm_start_tiny writes: same tokenizer as tiny.build_tiny_tokenizer and
+    the same architecture as tiny.build_tiny_model (regenerate it with --warm-start-only if either changes)."""
+    model, tokenizer = rollout.load_policy(tiny.WARM_START_DIR, device="cpu")
+    fresh_tokenizer = tiny.build_tiny_tokenizer()
     assert tokenizer.get_vocab() == fresh_tokenizer.get_vocab()
-    message = rollout.aggregation_prompt("What is 3 + 5?", [train.tiny_trace("What is 3 + 5?", "8")] * 4)
+    message = rollout.aggregation_prompt("What is 3 + 5?", [tiny.tiny_trace("What is 3 + 5?", "8")] * 4)
     assert rollout.chat_prompt_ids(tokenizer, message) == rollout.chat_prompt_ids(fresh_tokenizer, message)
-    fresh = rollout.build_tiny_model(fresh_tokenizer)
+    fresh = tiny.build_tiny_model(fresh_tokenizer)
     assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in fresh.state_dict().items()}
-    with open(os.path.join(rollout.TINY_WARM_START_DIR, "warm_start.json")) as f:
+    with open(os.path.join(tiny.WARM_START_DIR, "warm_start.json")) as f:
         recipe = json.load(f)["recipe"]
     assert recipe["steps"] == 700 and recipe["seed"] == 0  # warm_start_tiny's defaults, as --warm-start-only runs it
 
@@ -59,11 +62,11 @@ def test_shipped_warm_start_matches_the_code():
 def test_warm_start_is_deterministic(tmp_path, one_thread):
     """Two short runs of the warm-start script give bit-identical weights (the full run is the same code, longer)."""
     for name in ("a", "b"):
-        train.warm_start_tiny(str(tmp_path / name), steps=3, batch_size=8, progress=False)
+        tiny.warm_start(str(tmp_path / name), steps=3, batch_size=8, progress=False)
     a = load_file(str(tmp_path / "a" / "model.safetensors"))
     b = load_file(str(tmp_path / "b" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    initial = rollout.build_tiny_model(rollout.build_tiny_tokenizer()).state_dict()
+    initial = tiny.build_tiny_model(tiny.build_tiny_tokenizer()).state_dict()
     assert not all(torch.equal(a[k], initial[k]) for k in a)  # it did train
     model, tokenizer = rollout.load_policy(str(tmp_path / "a"), device="cpu")  # a loadable model directory
     assert tokenizer.padding_side == "left" and tokenizer.eos_token == "<|im_end|>"
@@ -71,10 +74,10 @@ def test_warm_start_is_deterministic(tmp_path, one_thread):
 
 def test_warm_start_only_flag(monkeypatch, tmp_path, capsys):
     calls = []
-    monkeypatch.setattr(train, "warm_start_tiny", lambda out, seed: calls.append((out, seed)))
+    monkeypatch.setattr(tiny, "warm_start", lambda out, seed: calls.append((out, seed)))
     assert train.main(["--preset", "tiny", "--warm-start-only"]) == 0
     assert train.main(["--preset", "tiny", "--warm-start-only", "--out", str(tmp_path), "--seed", "3"]) == 0
-    assert calls == [(rollout.TINY_WARM_START_DIR, 0), (str(tmp_path), 3)]
+    assert calls == [(tiny.WARM_START_DIR, 0), (str(tmp_path), 3)]
     assert train.main(["--warm-start-only"]) == 2 and "--preset tiny" in capsys.readouterr().err
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -103,12 +106,12 @@ def _majority_accuracy(answers: list, gold: str, set_size: int) -> float:
 def test_warm_start_has_the_properties_spiral_needs(one_thread):
     """(a) clearly non-zero but imperfect accuracy; (b) independent samples make different mistakes, so majority@4
     beats one sample by a wide margin; and the aggregator copies candidates (about as accurate as one trace)."""
-    model, tokenizer = rollout.load_policy(rollout.TINY_WARM_START_DIR, device="cpu")
+    model, tokenizer = rollout.load_policy(tiny.WARM_START_DIR, device="cpu")
     problems = rollout.load_problems("tiny_sums")
     torch.manual_seed(0)
     search = rollout.generate(model, tokenizer, [rollout.search_prompt(p.problem) for p in problems],
                               samples_per_prompt=8, max_new_tokens=12)
-    answers = [[rollout.extract_answer(c.text) for c in row] for row in search]
+    answers = [[reward.extract_answer(c.text) for c in row] for row in search]
     single = np.mean([[a == p.answer for a in row] for p, row in zip(problems, answers)])
     majority = np.mean([_majority_accuracy(row, p.answer, 4) for p, row in zip(problems, answers)])
     assert 0.2 <= single <= 0.6  # measured 0.34
@@ -119,7 +122,7 @@ def test_warm_start_has_the_properties_spiral_needs(one_thread):
     prompts = [rollout.aggregation_prompt(p.problem, [row[j].text for j in s])
                for p, row, s in zip(problems, search, sets)]
     aggregated = rollout.generate(model, tokenizer, prompts, samples_per_prompt=2, max_new_tokens=12)
-    agg_answers = [[rollout.extract_answer(c.text) for c in row] for row in aggregated]
+    agg_answers = [[reward.extract_answer(c.text) for c in row] for row in aggregated]
     aggregation = np.mean([[a == p.answer for a in row] for p, row in zip(problems, agg_answers)])
     copied = np.mean([[a in {answers[i][j] for j in s} for a in row]
                       for i, (row, s) in enumerate(zip(agg_answers, sets))])
@@ -139,7 +142,7 @@ def test_tiny_preset_learns(tmp_path):
                             cwd=REPO, capture_output=True, text=True, timeout=1200)
     elapsed = time.monotonic() - start
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = train.read_metrics(str(out / "metrics.jsonl"))
+    rows = checkpoint.read_metrics(str(out / "metrics.jsonl"))
     steps = train.resolve_config({"preset": "tiny"}).steps
     assert [r["step"] for r in rows] == list(range(1, steps + 1))  # each step exactly once
     k = max(1, steps // 10)

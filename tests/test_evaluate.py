@@ -17,6 +17,9 @@ from hypothesis import strategies as st
 
 import evaluate
 import rollout
+import lora
+import reward
+import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,8 +56,8 @@ def test_pass_at_k_rejects_impossible_counts():
 def test_majority_groups_equivalent_answers_written_differently():
     # Gold 1/2 in three spellings (1 vote each) against "3" (2 votes): string voting elects 3, math-verify 1/2.
     texts = ["so \\boxed{\\frac{1}{2}}", "\\boxed{0.5}", "we get \\boxed{1/2}.", "\\boxed{3}", "\\boxed{3}", "no idea"]
-    answers = [rollout.extract_answer(t) for t in texts]
-    correct = [rollout.reward(t, "\\frac{1}{2}") == 1.0 for t in texts]
+    answers = [reward.extract_answer(t) for t in texts]
+    correct = [reward.reward(t, "\\frac{1}{2}") == 1.0 for t in texts]
     assert answers[-1] is None and correct == [True, True, True, False, False, False]
     assert evaluate.cluster_answers(answers) == [0, 0, 0, 1, 1, None]
     result = evaluate.majority_at_k(answers, correct, [6], rng=np.random.default_rng(0))[6]
@@ -230,18 +233,18 @@ def test_adapter_is_a_new_policy_and_the_aggregator_writes_rsa_steps(tiny_runs, 
     shared_model, tokenizer = rollout.load_policy("tiny")  # the fixture's policy: LoRA goes on copies only
     model = copy.deepcopy(shared_model)
     for name in ("default", "aggregator"):
-        train.add_lora(model, rank=2, alpha=2.0, adapter_name=name)
+        lora.add_lora(model, rank=2, alpha=2.0, adapter_name=name)
         with torch.no_grad():
-            for p in train.lora_parameters(model, name)[1::2]:  # B = 0 would be the base model exactly
+            for p in lora.lora_parameters(model, name)[1::2]:  # B = 0 would be the base model exactly
                 p.normal_(0, 0.5)
-    train.save_adapter(model, tmp_path / "adapter", "tiny")
-    train.save_adapter(model, tmp_path / "adapter" / "aggregator", "tiny", "aggregator")
+    lora.save_adapter(model, tmp_path / "adapter", "tiny")
+    lora.save_adapter(model, tmp_path / "adapter" / "aggregator", "tiny", "aggregator")
     monkeypatch.setattr(rollout, "load_policy", lambda name: (copy.deepcopy(shared_model), tokenizer))
     active = []
     generate = rollout.generate
 
     def recording_generate(model, tokenizer, prompts, **kw):
-        active.append(train.lora_modules(model)[0][1].active_adapter)
+        active.append(lora.lora_modules(model)[0][1].active_adapter)
         return generate(model, tokenizer, prompts, **kw)
 
     monkeypatch.setattr(rollout, "generate", recording_generate)
@@ -259,7 +262,7 @@ def test_paper_settings_are_one_flag_away():
     assert (rsa.rsa_population, rsa.rsa_set_size, rsa.rsa_steps) == (16, 4, 10)
     explicit = evaluate.parse_args(["--preset", "tiny", "--rsa-preset", "rsa-paper", "--rsa-steps", "2"])
     assert (explicit.model, explicit.rsa_population, explicit.rsa_steps) == \
-        (rollout.TINY_WARM_START_DIR, 16, 2)  # a flag beats presets
+        (tiny.WARM_START_DIR, 16, 2)  # a flag beats presets
 
 
 # ---------------------------------------------------------------------------------------------------------------------

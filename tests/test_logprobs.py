@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 import rollout
 import train
+from logprobs import TokenBatch, completion_logprobs, position_ids_from_mask
+import lora
 
 
 @dataclass
@@ -33,10 +35,10 @@ def tiny():
 def _lora_model(tiny, seed=0, checkpointing=True):
     model = copy.deepcopy(tiny[0])
     torch.manual_seed(seed)
-    train.add_lora(model, rank=4, alpha=8)
+    lora.add_lora(model, rank=4, alpha=8)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # B != 0 so the adapter matters and every parameter gets a gradient
-        for p in train.lora_parameters(model):
+        for p in lora.lora_parameters(model):
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     if checkpointing:
         train.enable_gradient_checkpointing(model)
@@ -57,7 +59,7 @@ def _random_samples(seed, count, max_prompt=9, max_completion=9):
 
 def _naive(model, batch, temperature):
     """Full (B, T, V) fp32 logits, log_softmax, gather: the obviously correct slow path."""
-    position_ids = train.position_ids_from_mask(batch.attention_mask)
+    position_ids = position_ids_from_mask(batch.attention_mask)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
                    use_cache=False).logits.float()[:, :-1] / temperature  # (B, T-1, V)
     logp_all = torch.log_softmax(logits, -1)  # (B, T-1, V)
@@ -72,16 +74,16 @@ def _naive(model, batch, temperature):
        temperature=st.sampled_from([1.0, 0.6, 1.7]))
 def test_chunked_logprobs_equal_naive_values_and_gradients(tiny, seed, count, chunk_size, temperature):
     model = _lora_model(tiny, seed=1)
-    batch = train.TokenBatch.from_samples(_random_samples(seed, count), 0, "cpu")
+    batch = TokenBatch.from_samples(_random_samples(seed, count), 0, "cpu")
     weights = torch.randn(int(batch.completion_mask.sum()), generator=torch.Generator().manual_seed(seed))
 
     def run(fn):
         model.zero_grad()
         logprobs, entropy = fn()
         (logprobs * weights).sum().backward()
-        return logprobs.detach(), entropy.detach(), [p.grad.clone() for p in train.lora_parameters(model)]
+        return logprobs.detach(), entropy.detach(), [p.grad.clone() for p in lora.lora_parameters(model)]
 
-    fast = run(lambda: train.completion_logprobs(model, batch, temperature, chunk_size=chunk_size))
+    fast = run(lambda: completion_logprobs(model, batch, temperature, chunk_size=chunk_size))
     slow = run(lambda: _naive(model, batch, temperature))
     torch.testing.assert_close(fast[0], slow[0], rtol=1e-5, atol=2e-5)
     torch.testing.assert_close(fast[1], slow[1], rtol=1e-5, atol=2e-5)
@@ -100,13 +102,13 @@ def test_logprobs_match_the_samplers_own(tiny):
                                    temperature=0.7)
     samples = [S(c.prompt_ids, c.completion_ids, c.logprobs) for row in completions for c in row]
     assert len({len(s.prompt_ids) for s in samples}) == 2  # different prompt lengths: padding is exercised
-    batch = train.TokenBatch.from_samples(samples, tokenizer.pad_token_id, "cpu")
+    batch = TokenBatch.from_samples(samples, tokenizer.pad_token_id, "cpu")
     with torch.no_grad():
-        logprobs, _ = train.completion_logprobs(model, batch, temperature=0.7, chunk_size=5)
+        logprobs, _ = completion_logprobs(model, batch, temperature=0.7, chunk_size=5)
     sampler = torch.tensor([lp for s in samples for lp in s.sampler_logprobs])
     torch.testing.assert_close(logprobs, sampler, rtol=0, atol=1e-4)
     with torch.no_grad():  # and the temperature matters: at tau = 1 they differ
-        assert (train.completion_logprobs(model, batch, temperature=1.0)[0] - sampler).abs().max() > 1e-2
+        assert (completion_logprobs(model, batch, temperature=1.0)[0] - sampler).abs().max() > 1e-2
 
 
 def test_importance_sampling_loss_formula():
@@ -135,7 +137,7 @@ def test_pack_micro_batches(lengths, max_tokens):
 def _grads(model, samples, **kwargs):
     model.zero_grad(set_to_none=True)
     metrics = train.accumulate_gradients(model, samples, loss_normalizer=100.0, **kwargs)
-    return [p.grad.clone() for p in train.lora_parameters(model)], metrics
+    return [p.grad.clone() for p in lora.lora_parameters(model)], metrics
 
 
 def test_gradient_does_not_depend_on_micro_batching_and_skips_zero_advantages(tiny):
@@ -143,8 +145,8 @@ def test_gradient_does_not_depend_on_micro_batching_and_skips_zero_advantages(ti
     samples = _random_samples(7, 5)
     with torch.no_grad():  # on-policy sampler log-probs
         for s in samples:
-            s.sampler_logprobs = train.completion_logprobs(
-                model, train.TokenBatch.from_samples([s], 0, "cpu"))[0].tolist()
+            s.sampler_logprobs = completion_logprobs(
+                model, TokenBatch.from_samples([s], 0, "cpu"))[0].tolist()
     whole, metrics = _grads(model, samples, micro_batch_tokens=10_000)
     split, _ = _grads(model, samples, micro_batch_tokens=1)  # one sample per micro-batch
     for a, b in zip(whole, split):
@@ -167,13 +169,13 @@ def test_a_few_steps_raise_positive_and_lower_negative_logprobs(tiny):
         with torch.no_grad():
             out = []
             for s in samples:
-                out.append(train.completion_logprobs(model, train.TokenBatch.from_samples([s], 0, "cpu"))[0])
+                out.append(completion_logprobs(model, TokenBatch.from_samples([s], 0, "cpu"))[0])
             return out
 
     for s, lp in zip(samples, sequence_logprobs()):
         s.sampler_logprobs = lp.tolist()
     before = [lp.sum() for lp in sequence_logprobs()]
-    optimizer = torch.optim.AdamW(train.lora_parameters(model), lr=1e-3, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(lora.lora_parameters(model), lr=1e-3, betas=(0.9, 0.95))
     for _ in range(5):
         train.train_step(model, optimizer, samples, loss_normalizer=10.0)
     after = [lp.sum() for lp in sequence_logprobs()]
@@ -184,26 +186,26 @@ def test_a_few_steps_raise_positive_and_lower_negative_logprobs(tiny):
 def test_roles_train_their_own_adapter(tiny):
     """Two-model variant: aggregation samples move phi ("aggregator") only, search samples theta only."""
     model = copy.deepcopy(tiny[0])
-    train.add_lora(model, rank=4, adapter_name="default")
-    train.add_lora(model, rank=4, adapter_name="aggregator")
-    optimizer = torch.optim.AdamW([{"params": train.lora_parameters(model, n)} for n in ("default", "aggregator")],
+    lora.add_lora(model, rank=4, adapter_name="default")
+    lora.add_lora(model, rank=4, adapter_name="aggregator")
+    optimizer = torch.optim.AdamW([{"params": lora.lora_parameters(model, n)} for n in ("default", "aggregator")],
                                   lr=1e-2)
     search = _random_samples(1, 2)
     for s in search:
         s.sampler_logprobs = [-2.0] * len(s.completion_ids)
-    snapshot = {n: [p.clone() for p in train.lora_parameters(model, n)] for n in ("default", "aggregator")}
+    snapshot = {n: [p.clone() for p in lora.lora_parameters(model, n)] for n in ("default", "aggregator")}
     metrics = train.train_step(model, optimizer, search, loss_normalizer=10.0,
                                adapter_for_role={"aggregation": "aggregator"})
-    changed = {n: any(not torch.equal(a, b) for a, b in zip(train.lora_parameters(model, n), snapshot[n]))
+    changed = {n: any(not torch.equal(a, b) for a, b in zip(lora.lora_parameters(model, n), snapshot[n]))
                for n in snapshot}
     assert changed == {"default": True, "aggregator": False}
     assert "train/grad_norm" in metrics and "train/grad_norm_aggregator" not in metrics
     aggregation = _random_samples(2, 2)
     for s in aggregation:
         s.role, s.sampler_logprobs = "aggregation", [-2.0] * len(s.completion_ids)
-    snapshot = [p.clone() for p in train.lora_parameters(model, "default")]
+    snapshot = [p.clone() for p in lora.lora_parameters(model, "default")]
     metrics = train.train_step(model, optimizer, aggregation, loss_normalizer=10.0,
                                adapter_for_role={"aggregation": "aggregator"})
     assert "train/grad_norm_aggregator" in metrics and "train/entropy_aggregation" in metrics
     # theta has Adam momentum from the first step, but no gradient now: AdamW leaves grad-less parameters alone.
-    assert all(torch.equal(a, b) for a, b in zip(train.lora_parameters(model, "default"), snapshot))
+    assert all(torch.equal(a, b) for a, b in zip(lora.lora_parameters(model, "default"), snapshot))

@@ -11,6 +11,8 @@ from safetensors import safe_open
 
 import rollout
 import train
+from logprobs import TokenBatch, completion_logprobs
+import lora
 
 TINY_LAYERS = 4
 # (module path inside a decoder layer, in_features, out_features) for the tiny Qwen3: hidden 128, 4 query heads and
@@ -56,55 +58,55 @@ def _logits(model, ids):
 def _perturb(model, adapter="default", seed=0, scale=0.05):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in train.lora_parameters(model, adapter):
+        for p in lora.lora_parameters(model, adapter):
             p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
 def test_zero_B_gives_the_base_model_bit_for_bit(model):
     ids = _ids()
     base = _logits(model, ids)
-    train.add_lora(model, rank=8, alpha=16)
+    lora.add_lora(model, rank=8, alpha=16)
     assert torch.equal(_logits(model, ids), base)
     # ...and A really is random (Kaiming-uniform), so the test above is about B = 0, not about A = 0.
-    A = train.lora_parameters(model)[0]
+    A = lora.lora_parameters(model)[0]
     assert A.abs().max() > 0 and A.dtype == torch.float32
 
 
 def test_adapters_disabled_is_the_base_model_exactly_after_training(model):
     ids = _ids(1)
     base = _logits(model, ids)
-    train.add_lora(model)
-    opt = torch.optim.AdamW(train.lora_parameters(model), lr=1e-2)
+    lora.add_lora(model)
+    opt = torch.optim.AdamW(lora.lora_parameters(model), lr=1e-2)
     for _ in range(3):
         opt.zero_grad()
         model(ids).logits.float().pow(2).mean().backward()
         opt.step()
     trained = _logits(model, ids)
     assert not torch.allclose(trained, base)  # training did change the adapted model
-    with train.adapters_disabled(model):
+    with lora.use_adapter(model, None):
         assert torch.equal(_logits(model, ids), base)
     assert torch.equal(_logits(model, ids), trained)  # and the adapter is back on afterwards
 
 
 def test_every_lora_parameter_gets_a_gradient_under_checkpointing_and_the_base_none(model):
-    train.add_lora(model)
+    lora.add_lora(model)
     train.enable_gradient_checkpointing(model)
     _perturb(model)  # B != 0, so A gets a gradient too
     model.train()
     assert all(layer.gradient_checkpointing for layer in model.model.layers)
     ids = _ids(2)
     model(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean().backward()
-    lora = {id(p) for p in train.lora_parameters(model)}
-    assert len(lora) == 2 * 7 * TINY_LAYERS
+    adapter_ids = {id(p) for p in lora.lora_parameters(model)}
+    assert len(adapter_ids) == 2 * 7 * TINY_LAYERS
     for name, p in model.named_parameters():
-        if id(p) in lora:
+        if id(p) in adapter_ids:
             assert p.requires_grad and p.grad is not None and p.grad.abs().sum() > 0, name
         else:
             assert not p.requires_grad and p.grad is None, name
 
 
 def test_checkpointed_gradients_equal_plain_ones(model):
-    train.add_lora(model)
+    lora.add_lora(model)
     _perturb(model)
     ids = _ids(3)
 
@@ -112,7 +114,7 @@ def test_checkpointed_gradients_equal_plain_ones(model):
         m.zero_grad()
         m.train()
         m(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean().backward()
-        return [p.grad.clone() for p in train.lora_parameters(m)]
+        return [p.grad.clone() for p in lora.lora_parameters(m)]
 
     plain = grads(model)
     train.enable_gradient_checkpointing(model)
@@ -122,31 +124,31 @@ def test_checkpointed_gradients_equal_plain_ones(model):
 
 def test_named_adapters_switch_and_train_separately(model):
     ids = _ids(4)
-    train.add_lora(model, adapter_name="default")
-    train.add_lora(model, adapter_name="aggregator")
-    assert train.adapter_names(model) == ["default", "aggregator"]
+    lora.add_lora(model, adapter_name="default")
+    lora.add_lora(model, adapter_name="aggregator")
+    assert lora.adapter_names(model) == ["default", "aggregator"]
     _perturb(model, "default", seed=1)
     _perturb(model, "aggregator", seed=2)
     theta = _logits(model, ids)  # "default" is active by default
-    with train.use_adapter(model, "aggregator"):
+    with lora.use_adapter(model, "aggregator"):
         phi = _logits(model, ids)
-        with train.adapters_disabled(model):
+        with lora.use_adapter(model, None):
             base = _logits(model, ids)
         assert torch.equal(_logits(model, ids), phi)  # nesting restores the outer adapter
     assert not torch.allclose(theta, phi) and not torch.allclose(theta, base)
     # A loss computed under "aggregator" gives gradients to phi only.
-    with train.use_adapter(model, "aggregator"):
+    with lora.use_adapter(model, "aggregator"):
         model(ids).logits.float().pow(2).mean().backward()
-    assert all(p.grad is None for p in train.lora_parameters(model, "default"))
-    assert all(p.grad is not None for p in train.lora_parameters(model, "aggregator"))
+    assert all(p.grad is None for p in lora.lora_parameters(model, "default"))
+    assert all(p.grad is not None for p in lora.lora_parameters(model, "aggregator"))
     with pytest.raises(KeyError):
-        with train.use_adapter(model, "nope"):
+        with lora.use_adapter(model, "nope"):
             pass
 
 
 def test_peft_key_names_shapes_and_config(model, tmp_path):
-    train.add_lora(model, rank=32, alpha=32)
-    train.save_adapter(model, str(tmp_path / "adapter"), "/some/base")
+    lora.add_lora(model, rank=32, alpha=32)
+    lora.save_adapter(model, str(tmp_path / "adapter"), "/some/base")
     expected = {}
     for layer in range(TINY_LAYERS):
         for module, (fan_in, fan_out) in TINY_SHAPES.items():
@@ -161,38 +163,38 @@ def test_peft_key_names_shapes_and_config(model, tmp_path):
     assert config["peft_type"] == "LORA" and config["task_type"] == "CAUSAL_LM"
     assert config["r"] == 32 and config["lora_alpha"] == 32 and config["lora_dropout"] == 0.0
     assert config["bias"] == "none" and config["fan_in_fan_out"] is False and config["use_rslora"] is False
-    assert config["target_modules"] == sorted(train.TARGET_MODULES)
+    assert config["target_modules"] == sorted(lora.TARGET_MODULES)
     assert config["base_model_name_or_path"] == "/some/base"
     assert sorted(os.listdir(tmp_path / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
 
 
 def test_save_load_round_trip_into_a_fresh_model(tiny, tmp_path):
     source = copy.deepcopy(tiny[0])
-    train.add_lora(source, rank=4, alpha=8)
-    train.add_lora(source, rank=4, alpha=8, adapter_name="aggregator")
+    lora.add_lora(source, rank=4, alpha=8)
+    lora.add_lora(source, rank=4, alpha=8, adapter_name="aggregator")
     _perturb(source, "default", seed=5)
     _perturb(source, "aggregator", seed=6)
-    train.export_adapters(source, str(tmp_path / "adapter"), "base")
+    lora.export_adapters(source, str(tmp_path / "adapter"), "base")
     assert (tmp_path / "adapter" / "aggregator" / "adapter_config.json").exists()  # peft's sub-directory layout
-    train.export_adapters(source, str(tmp_path / "adapter"), "base")  # replacing an existing export works
+    lora.export_adapters(source, str(tmp_path / "adapter"), "base")  # replacing an existing export works
     # save_adapter keeps what else is in the directory: the sub-adapter survives re-saving the default one.
-    train.save_adapter(source, str(tmp_path / "one"), "base", "aggregator")
-    train.save_adapter(source, str(tmp_path / "one" / "aggregator"), "base", "aggregator")
-    train.save_adapter(source, str(tmp_path / "one"), "base")
+    lora.save_adapter(source, str(tmp_path / "one"), "base", "aggregator")
+    lora.save_adapter(source, str(tmp_path / "one" / "aggregator"), "base", "aggregator")
+    lora.save_adapter(source, str(tmp_path / "one"), "base")
     assert sorted(os.listdir(tmp_path / "one")) == ["adapter_config.json", "adapter_model.safetensors", "aggregator"]
 
     target = copy.deepcopy(tiny[0])
-    train.load_adapter(target, str(tmp_path / "adapter"))  # adds the LoRA modules from adapter_config.json
-    train.load_adapter(target, str(tmp_path / "adapter" / "aggregator"), "aggregator")
+    lora.load_adapter(target, str(tmp_path / "adapter"))  # adds the LoRA modules from adapter_config.json
+    lora.load_adapter(target, str(tmp_path / "adapter" / "aggregator"), "aggregator")
     ids = _ids(6)
     assert torch.equal(_logits(target, ids), _logits(source, ids))
-    with train.use_adapter(target, "aggregator"), train.use_adapter(source, "aggregator"):
+    with lora.use_adapter(target, "aggregator"), lora.use_adapter(source, "aggregator"):
         assert torch.equal(_logits(target, ids), _logits(source, ids))
     # A rank mismatch is an error, not a silent partial load.
     wrong = copy.deepcopy(tiny[0])
-    train.add_lora(wrong, rank=2)
+    lora.add_lora(wrong, rank=2)
     with pytest.raises(ValueError, match="shape"):
-        train.load_adapter(wrong, str(tmp_path / "adapter"))
+        lora.load_adapter(wrong, str(tmp_path / "adapter"))
 
 
 def test_real_peft_loads_our_adapter_and_we_load_its(tiny, tmp_path):
@@ -202,16 +204,16 @@ def test_real_peft_loads_our_adapter_and_we_load_its(tiny, tmp_path):
 
     model = copy.deepcopy(tiny[0])
     model.save_pretrained(tmp_path / "base")
-    train.add_lora(model)
+    lora.add_lora(model)
     _perturb(model)
-    train.save_adapter(model, str(tmp_path / "ours"), str(tmp_path / "base"))
+    lora.save_adapter(model, str(tmp_path / "ours"), str(tmp_path / "base"))
     peft_model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
                                                 str(tmp_path / "ours"))
     ids = _ids(7)
     assert torch.equal(_logits(peft_model, ids), _logits(model, ids))
     peft_model.save_pretrained(tmp_path / "theirs")
     reloaded = copy.deepcopy(tiny[0])
-    train.load_adapter(reloaded, str(tmp_path / "theirs"))
+    lora.load_adapter(reloaded, str(tmp_path / "theirs"))
     assert torch.equal(_logits(reloaded, ids), _logits(model, ids))
 
 
@@ -220,12 +222,12 @@ def test_bf16_base_keeps_fp32_adapter_weights_and_gradients(model):
     model.to(torch.bfloat16)
     ids = _ids(8)
     base = _logits(model, ids)
-    train.add_lora(model)
+    lora.add_lora(model)
     assert torch.equal(_logits(model, ids), base)
     _perturb(model)
-    batch = train.TokenBatch(ids, torch.ones_like(ids), torch.arange(17).expand(3, 17) >= 10)
-    logprobs, entropy = train.completion_logprobs(model, batch, chunk_size=4)
+    batch = TokenBatch(ids, torch.ones_like(ids), torch.arange(17).expand(3, 17) >= 10)
+    logprobs, entropy = completion_logprobs(model, batch, chunk_size=4)
     assert logprobs.dtype == torch.float32 and logprobs.shape == (3 * 7,)
     logprobs.sum().backward()
-    for p in train.lora_parameters(model):
+    for p in lora.lora_parameters(model):
         assert p.dtype == torch.float32 and p.grad.dtype == torch.float32 and p.grad.abs().sum() > 0

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-import rollout
+import reward
 
 # Generous bound for one call that has to wait out math-verify's own timeouts or the hard timeout, plus a worker
 # restart, on a busy machine.
-SLOW_CALL_BOUND_S = rollout.GRADE_TIMEOUT_S + 10
+SLOW_CALL_BOUND_S = reward.GRADE_TIMEOUT_S + 10
 
 
 @pytest.mark.parametrize(
@@ -34,14 +34,14 @@ SLOW_CALL_BOUND_S = rollout.GRADE_TIMEOUT_S + 10
     ],
 )
 def test_extract_answer(text, expected):
-    assert rollout.extract_answer(text) == expected
+    assert reward.extract_answer(text) == expected
 
 
 def test_extract_answer_is_fast_on_long_and_adversarial_text():
     start = time.perf_counter()
-    assert rollout.extract_answer("x" * 200_000 + "\\boxed{42}") == "42"
-    assert rollout.extract_answer("\\boxed{" * 30_000) is None
-    assert rollout.extract_answer("\\boxed{" + "{" * 100_000 + "}" * 100_000 + "}") == "{" * 100_000 + "}" * 100_000
+    assert reward.extract_answer("x" * 200_000 + "\\boxed{42}") == "42"
+    assert reward.extract_answer("\\boxed{" * 30_000) is None
+    assert reward.extract_answer("\\boxed{" + "{" * 100_000 + "}" * 100_000 + "}") == "{" * 100_000 + "}" * 100_000
     assert time.perf_counter() - start < 2.0
 
 
@@ -63,7 +63,7 @@ def test_extract_answer_is_fast_on_long_and_adversarial_text():
     ],
 )
 def test_right_answers_score_one(completion, gold):
-    assert rollout.reward(completion, gold) == 1.0
+    assert reward.reward(completion, gold) == 1.0
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,7 @@ def test_right_answers_score_one(completion, gold):
     ],
 )
 def test_wrong_answers_score_zero(completion, gold):
-    assert rollout.reward(completion, gold) == 0.0
+    assert reward.reward(completion, gold) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -101,11 +101,11 @@ def test_wrong_answers_score_zero(completion, gold):
     ],
 )
 def test_junk_scores_zero_without_raising(completion):
-    assert rollout.reward(completion, "6") == 0.0
+    assert reward.reward(completion, "6") == 0.0
 
 
 def test_long_completion_with_a_final_box_is_graded():
-    assert rollout.reward("blah " * 40_000 + "\\boxed{\\frac{3}{4}}", "0.75") == 1.0
+    assert reward.reward("blah " * 40_000 + "\\boxed{\\frac{3}{4}}", "0.75") == 1.0
 
 
 @pytest.mark.parametrize(
@@ -118,21 +118,21 @@ def test_long_completion_with_a_final_box_is_graded():
 )
 def test_explosive_answers_score_zero_in_bounded_time(answer):
     start = time.perf_counter()
-    assert rollout.reward(f"\\boxed{{{answer}}}", "7") == 0.0
+    assert reward.reward(f"\\boxed{{{answer}}}", "7") == 0.0
     assert time.perf_counter() - start < SLOW_CALL_BOUND_S
 
 
 def test_hard_timeout_kills_and_restarts_the_worker(monkeypatch):
-    rollout.reward("\\boxed{2}", "1.999")  # make sure a worker is running
-    first_worker = rollout._GRADER._process.pid
-    monkeypatch.setattr(rollout, "GRADE_TIMEOUT_S", 0.2)  # shorter than math-verify's own 1 s timeouts
+    reward.reward("\\boxed{2}", "1.999")  # make sure a worker is running
+    first_worker = reward._GRADER._process.pid
+    monkeypatch.setattr(reward, "GRADE_TIMEOUT_S", 0.2)  # shorter than math-verify's own 1 s timeouts
     start = time.perf_counter()
-    assert not rollout.answers_equivalent("1", "(" * 41 + "1" + ")" * 41)  # parsing this takes > 1 s
+    assert not reward.answers_equivalent("1", "(" * 41 + "1" + ")" * 41)  # parsing this takes > 1 s
     assert time.perf_counter() - start < 5
-    assert rollout._GRADER._process is None  # killed
-    monkeypatch.setattr(rollout, "GRADE_TIMEOUT_S", 5.0)
-    assert rollout.answers_equivalent("\\frac{2}{3}", "0.666666666667")  # a new worker grades the next call
-    assert rollout._GRADER._process.pid != first_worker
+    assert reward._GRADER._process is None  # killed
+    monkeypatch.setattr(reward, "GRADE_TIMEOUT_S", 5.0)
+    assert reward.answers_equivalent("\\frac{2}{3}", "0.666666666667")  # a new worker grades the next call
+    assert reward._GRADER._process.pid != first_worker
 
 
 def test_reward_from_other_threads():
@@ -140,7 +140,7 @@ def test_reward_from_other_threads():
     results = {}
 
     def grade(k):
-        results[k] = rollout.reward(f"\\boxed{{\\frac{{{k}}}{{4}}}}", str(k / 4))
+        results[k] = reward.reward(f"\\boxed{{\\frac{{{k}}}{{4}}}}", str(k / 4))
 
     threads = [threading.Thread(target=grade, args=(k,)) for k in range(1, 7)]
     for t in threads:
@@ -151,19 +151,19 @@ def test_reward_from_other_threads():
 
 
 def test_answers_equivalent():
-    assert rollout.answers_equivalent("\\frac{1}{2}", "0.5")
-    assert rollout.answers_equivalent("0.5", "\\frac{1}{2}")
-    assert rollout.answers_equivalent("\\text{Monday}", "\\text{Monday}")  # identical strings, parsed or not
-    assert not rollout.answers_equivalent("5", "6")
-    assert not rollout.answers_equivalent("", "")
-    assert not rollout.answers_equivalent(None, "1")
-    assert not rollout.answers_equivalent("1" * 5000, "1" * 5000)  # over MAX_ANSWER_CHARS
+    assert reward.answers_equivalent("\\frac{1}{2}", "0.5")
+    assert reward.answers_equivalent("0.5", "\\frac{1}{2}")
+    assert reward.answers_equivalent("\\text{Monday}", "\\text{Monday}")  # identical strings, parsed or not
+    assert not reward.answers_equivalent("5", "6")
+    assert not reward.answers_equivalent("", "")
+    assert not reward.answers_equivalent(None, "1")
+    assert not reward.answers_equivalent("1" * 5000, "1" * 5000)  # over MAX_ANSWER_CHARS
 
 
 def test_common_path_is_milliseconds():
-    rollout.reward("\\boxed{1}", "2")  # worker started
+    reward.reward("\\boxed{1}", "2")  # worker started
     start = time.perf_counter()
     for k in range(300, 320):  # distinct answers: no cache hits
-        assert rollout.reward(f"\\boxed{{{k}}}", str(k + 1)) == 0.0
+        assert reward.reward(f"\\boxed{{{k}}}", str(k + 1)) == 0.0
     per_call = (time.perf_counter() - start) / 20
     assert per_call < 0.1, f"{per_call * 1000:.1f} ms per integer answer"

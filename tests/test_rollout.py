@@ -6,6 +6,7 @@ import torch
 from transformers import GenerationConfig
 
 import rollout
+from tiny import build_tiny_model
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Prompts: the paper's appendix listings, copied verbatim.
@@ -93,7 +94,7 @@ def eos_ids(tiny):
 def stop_biased_model(tokenizer, bias_by_token: dict[int, float]):
     """A fresh tiny model whose lm_head adds a bias to some tokens' logits (part of the model, so teacher forcing
     sees it too)."""
-    model = rollout.build_tiny_model(tokenizer)
+    model = build_tiny_model(tokenizer)
     bias = torch.zeros(model.lm_head.out_features)
     for token, value in bias_by_token.items():
         bias[token] = value
@@ -221,7 +222,7 @@ def test_model_generation_config_does_not_leak_in(tiny):
     """A repetition penalty or temperature from the model's generation_config would change the sampler's
     log-probs; top-k, top-p or min-p would make the samples (nearly) identical."""
     _, tokenizer = tiny
-    model = rollout.build_tiny_model(tokenizer)
+    model = build_tiny_model(tokenizer)
     hostile = hostile_generation_config(model)
     model.generation_config = hostile
     torch.manual_seed(0)
