@@ -60,16 +60,11 @@ def _tiny_corpus() -> list[str]:
 
 
 def build_tiny_tokenizer(vocab_size: int = 1024):
-    """A byte-level BPE tokenizer built in code (no download) with Qwen3's special tokens and ChatML template.
+    """A byte-level BPE tokenizer built in code, with Qwen3's special tokens and ChatML template.
 
-    Like Qwen3: `<|im_end|>` is the EOS the chat template uses, `<|endoftext|>` is the pad token and a second
-    stop token (so pad is one of the EOS ids: completions must be cut by position, never by `== pad`).
-
-    Unlike Qwen3's regex pre-tokenizer, merges may cross spaces (`use_regex=False`), so the prompts' fixed phrases
-    become a few tokens each: the aggregation prompt with four tiny-task candidates ("3 + 5 = \\boxed{8}") is 67
-    tokens instead of 306 with a GPT-2-style pre-tokenizer, and aggregation prompts are most of the CPU time of
-    `--preset tiny`. Runs of digits are split off first ("isolated"), so a number never merges with the text around
-    it; 0..88 (every answer of the tiny task) are one token each.
+    As in Qwen3, <|im_end|> ends a turn and <|endoftext|> is both the pad token and a second stop token, so
+    completions must be cut by position, never by `== pad`. Unlike Qwen3, merges may cross spaces, so the prompts'
+    fixed phrases become a few tokens each (short prompts on a CPU); digit runs are split off first.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -132,12 +127,8 @@ def load_tiny_policy(device: str = "cpu"):
 
 
 def tiny_trace(problem: str, answer: str) -> str:
-    """A trace of the tiny task: the sum restated, then a boxed answer, e.g. "3 + 5 = \\boxed{8}".
-
-    Restating puts the two digits right before the answer, where a 4-layer model learns to add them much faster than
-    from the prompt alone (measured with the warm-start mixture below, 400 steps: search accuracy 0.24 with the
-    restatement, 0.16 with "The answer is \\boxed{8}." traces).
-    """
+    """A trace of the tiny task, "3 + 5 = \\boxed{8}": restating the digits right before the answer lets a 4-layer
+    model learn the sum much faster than from the prompt alone (README, the CPU demo)."""
     a, b = re.findall(r"\d+", problem)
     return f"{a} + {b} = \\boxed{{{answer}}}"
 
@@ -158,29 +149,17 @@ class _SFTExample:
 
 
 def warm_start(out_dir: str = WARM_START_DIR, *, steps: int = 700, batch_size: int = 64, lr: float = 3e-3,
-                    warmup_steps: int = 30, p_correct: float = 0.4, max_miss: int = 5,
-                    aggregation_fraction: float = 0.5, set_size: int = 4, seed: int = 0, progress: bool = True):
-    """Supervised warm start of the tiny policy on the tiny task (tiny_sum_problems): the base model that
-    `--preset tiny` trains with SPIRAL. Deterministic for a given seed (on one machine and torch version).
+               warmup_steps: int = 30, p_correct: float = 0.4, max_miss: int = 5, aggregation_fraction: float = 0.5,
+               set_size: int = 4, seed: int = 0, progress: bool = True):
+    """Supervised warm start of the tiny policy on tiny_sum_problems: the base model `--preset tiny` trains from.
 
-    Why: RL needs a policy that is right sometimes but not always, whose samples disagree, and an aggregator that
-    already answers aggregation prompts. A random model is never right and never writes \\boxed{}; supervised
-    training on correct answers only heads for always-right (stopping it early leaves the accuracy to chance), and
-    without aggregation examples the model never answers an aggregation prompt in the trace format (measured:
-    aggregation accuracy 0), so RL on that level cannot start. The warm start therefore imitates a "noisy solver":
-      - search examples (1 - aggregation_fraction): the search prompt -> a trace whose answer is right with
-        probability p_correct and otherwise a near miss (gold +- 1..max_miss), drawn afresh for every example, so
-        independent samples make different mistakes and majority@4 beats one sample;
-      - aggregation examples: the paper's aggregation prompt holding `set_size` candidates drawn from that same noisy
-        distribution -> a copy of one candidate's answer chosen uniformly at random. The aggregator starts as
-        accurate as one search trace (it copies a random one) but already knows how to read and copy candidates;
-        RL can then raise it by preferring the answer the candidates agree on, or the one it computes itself.
-    Full-parameter AdamW (betas 0.9/0.98, gradient clipping 1.0), linear warmup then cosine decay to lr/10, mean
-    cross-entropy over completion tokens. Writes a Hugging Face model directory (save_pretrained: config, weights,
-    tokenizer; ~4 MB) to `out_dir` and returns (model, tokenizer).
-    Measured for the shipped result (seed 0, 700 steps: 348 s on a busy 2-core CPU), 8 samples on each of the 100
-    problems: search accuracy 0.34, majority@4 0.46, pass@8 0.94; aggregation (2 samples on one random set of 4 per
-    problem) 0.39, copying one of its candidates' answers 81% of the time (tests/test_demo.py checks these bounds).
+    RL needs a policy that is right sometimes, whose samples disagree, and that already answers aggregation
+    prompts, so the warm start imitates a noisy solver: search examples answer right with probability p_correct,
+    else a near miss gold +- 1..max_miss drawn afresh (independent mistakes, so majority@4 beats one sample);
+    aggregation examples (aggregation_fraction of them) copy a uniformly chosen candidate's answer (as accurate as
+    one trace, but able to read candidates). Full-parameter AdamW, warmup then cosine to lr/10, mean token
+    cross-entropy. Deterministic for a seed (on one machine and torch version). Writes a save_pretrained directory
+    (~4 MB) to `out_dir` and returns (model, tokenizer). Why each choice, and the shipped result's figures: README.
     """
     from tqdm.auto import tqdm
 
