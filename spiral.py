@@ -39,7 +39,7 @@ from typing import Callable, ContextManager
 import numpy as np
 
 from advantages import group_advantages, length_aware, spiral_advantages
-from reward import reward
+from reward import grader_stats, reward
 from rollout import Completion, Problem, aggregation_prompt, generate, search_prompt
 from setsample import sample_sets
 
@@ -78,6 +78,11 @@ def _check_counts(**counts: int) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _grader_metrics(before: dict[str, int]) -> dict[str, int]:
+    """Grader incidents during this collection, e.g. grader/ungraded: rewards scored 0 without a verdict."""
+    return {f"grader/{key}": count - before[key] for key, count in grader_stats().items()}
+
+
 def _batch_metrics(drawn: int, kept: int) -> dict[str, float]:
     return {"problems_drawn": drawn, "problems_kept": kept, "problems_skipped": drawn - kept,
             "zero_advantage_fraction": (drawn - kept) / drawn}
@@ -112,6 +117,7 @@ def collect_spiral(
                   num_aggregations=num_aggregations, max_new_tokens=max_new_tokens)
     N1, n, K, N2 = num_search, set_size, num_sets, num_aggregations
     max_draws = 4 * batch_problems if max_draws is None else max_draws
+    grader_before = grader_stats()
     sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, micro_batch_size=micro_batch_size)
     samples: list[Sample] = []
     log = {key: [] for key in ("search_reward", "aggregation_reward", "search_length", "aggregation_length",
@@ -176,7 +182,7 @@ def collect_spiral(
         "tokens_generated": tokens,
         "tokens_per_problem": tokens / drawn,
         "token_budget_per_problem": (N1 + K * N2) * max_new_tokens,  # paper: (8 + 16) x 4096 = 98,304
-    }
+    } | _grader_metrics(grader_before)
     return Rollouts(samples, metrics)
 
 
@@ -201,6 +207,7 @@ def collect_grpo(
     """
     _check_counts(batch_problems=batch_problems, group_size=group_size, max_new_tokens=max_new_tokens)
     max_draws = 4 * batch_problems if max_draws is None else max_draws
+    grader_before = grader_stats()
     samples: list[Sample] = []
     log = {"reward": [], "length": [], "truncated": []}
     drawn = kept = 0
@@ -231,5 +238,5 @@ def collect_grpo(
         "tokens_generated": tokens,
         "tokens_per_problem": tokens / drawn,
         "token_budget_per_problem": group_size * max_new_tokens,  # paper: 12 x 8192 = 98,304
-    }
+    } | _grader_metrics(grader_before)
     return Rollouts(samples, metrics)

@@ -1,10 +1,16 @@
-"""rollout.py, rewards: last-\\boxed{} extraction, math-verify grading (gold first), and the guarantees that
-reward() never raises and never hangs, from any thread."""
+"""reward.py: last-\\boxed{} extraction, math-verify grading (gold first), hedges, Unicode math, and the guarantees
+that reward() never raises and never hangs, from any thread. Interruption, fork and start-up failures:
+test_grader_reliability.py."""
 
+import json
+import os
+import re
 import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reward
 
@@ -31,6 +37,8 @@ SLOW_CALL_BOUND_S = reward.GRADE_TIMEOUT_S + 10
         (None, None),
         ("\\boxed", None),
         ("}}}{{{\\boxed{{{", None),
+        ("\\boxed{1 \\boxed{3}}", "1 \\boxed{3}"),  # the last top-level box, not the box inside it
+        ("\\boxed{\\boxed{3}} and \\boxed{4}", "4"),
     ],
 )
 def test_extract_answer(text, expected):
@@ -167,3 +175,187 @@ def test_common_path_is_milliseconds():
         assert reward.reward(f"\\boxed{{{k}}}", str(k + 1)) == 0.0
     per_call = (time.perf_counter() - start) / 20
     assert per_call < 0.1, f"{per_call * 1000:.1f} ms per integer answer"
+
+
+def test_extract_answer_matches_a_slow_scan():
+    """The last top-level box, against an obvious quadratic version on random brace soup."""
+
+    def slow(text):
+        answer, start = None, 0
+        while (i := text.find("\\boxed{", start)) >= 0:
+            depth, j = 1, i + len("\\boxed{")
+            while j < len(text) and depth:
+                if text[j] == "\\":
+                    j += 2
+                    continue
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                j += 1
+            if depth:
+                return None
+            answer, start = text[i + len("\\boxed{"):j - 1].strip(), j
+        return answer or None
+
+    pieces = st.sampled_from(["\\boxed{", "{", "}", "\\{", "\\}", "1", " ", "x", "\\\\"])
+
+    @settings(max_examples=300, derandomize=True, deadline=None)
+    @given(st.lists(pieces, max_size=30).map("".join))
+    def check(text):
+        assert reward.extract_answer(text) == slow(text)
+
+    check()
+
+
+# Hedges: a box holding several answers scores 0 (issue 12, item 7), while every legitimate format still scores 1.
+@pytest.mark.parametrize(
+    "answer, gold",
+    [
+        ("1 \\lor 3", "3"),  # math-verify's fallback graded the last number of what it cannot parse
+        ("1 \\vee 3", "3"),
+        ("1 \\\\ 3", "3"),  # line break
+        ("1 \\\\[2pt] 3", "3"),
+        ("7$ $3", "3"),  # two formulas
+        ("1 \\text{ or } 3", "3"),  # a list is a set: it matches a list gold only
+        ("x = 1 \\text{ or } x = 3", "3"),
+        ("1, 3", "3"),
+        ("\\{1, 3\\}", "3"),
+        ("3 \\text{ and } 5", "3"),
+        ("\\pm 3", "3"),
+        ("3 \\text{ (or 1)}", "3"),  # math-verify drops trailing text as a unit
+        ("3 \\mbox{ or 1}", "3"),
+        ("3 \\text{ (1 is also possible)}", "3"),
+        ("1 \\boxed{3}", "3"),
+        ("1 = 3", "3"),  # math-verify grades only the last side of an equation
+        ("x = 1 = 3", "3"),
+        ("1 \\cup 3", "3"),
+        ("1 \\to 3", "3"),
+        ("1 \\implies 3", "3"),
+        ("1 | 3", "3"),
+        ("1 \\& 3", "3"),
+        ("1 \\text{, } 3", "3"),
+        ("(1, 3)", "3"),
+        ("\\frac{1}{2} \\lor \\frac{1}{3}", "\\frac{1}{3}"),
+    ],
+)
+def test_hedged_boxes_score_zero(answer, gold):
+    assert reward.reward(f"\\boxed{{{answer}}}", gold) == 0.0
+
+
+@pytest.mark.parametrize(
+    "answer, gold",
+    [
+        ("(1, 3)", "(1,3)"),  # tuples (math-verify reads this one as an open interval, gold too)
+        ("[2, 5)", "[2,5)"),
+        ("\\{1, 3\\}", "\\{1,3\\}"),
+        ("\\{3, 1\\}", "\\{1,3\\}"),
+        ("1, 3", "1,3"),
+        ("7, 5, 3", "3, 5, 7"),
+        ("1 \\text{ or } -2", "1,-2"),  # listing the roots with "or" is a list, not a hedge
+        ("x=1 \\text{ or } x=-2", "1,-2"),
+        ("3 \\text{ or } 3", "3"),  # the same answer twice
+        ("x = 3", "3"),
+        ("\\frac{6}{2} = 3", "3"),  # every side without unknowns equals the gold
+        ("\\frac{1}{2}", "0.5"),
+        ("3.", "3"),  # a sentence's full stop
+        ("$3$", "3"),
+        ("\\boxed{3}", "3"),
+        ("3 \\text{ cm}^2", "3"),  # units
+        ("5~\\text{cm}", "5"),
+        ("90^\\circ", "90"),
+        ("\\text{A5}_{11}", "\\text{A5}_{11}"),
+        ("(0,9)\\cup(9,36)", "(0,9) \\cup (9,36)"),
+        ("y=2x+3", "y = 2x + 3"),
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"),
+        ("2\\frac{1}{2}", "2.5"),  # mixed number
+    ],
+)
+def test_legitimate_formats_still_score_one(answer, gold):
+    assert reward.reward(f"\\boxed{{{answer}}}", gold) == 1.0
+
+
+@pytest.mark.parametrize(
+    "answer, reason",
+    [("7$ $3", "$"), ("1 \\boxed{3}", "box"), ("3 \\text{ (or 1)}", "text"), ("3", None), ("\\text{3}", None),
+     ("\\text{A5}_{11}", None), ("\\$32,\\!348", None)],
+)
+def test_hedge_reasons(answer, reason):
+    found = reward.hedge(answer)
+    assert (found is None) if reason is None else (reason in found)
+
+
+def _math500_golds():
+    with open(os.path.join(os.path.dirname(__file__), "..", "data", "math500.jsonl")) as f:
+        return [json.loads(line)["answer"] for line in f]
+
+
+def test_math500_golds_grade_equal_to_themselves():
+    """Through the worker, as a differently written answer would be (the identical-string shortcut bypassed):
+    every other non-integer gold (pmatrix, intervals, unions, sets, text, \\$, units) and a few integers."""
+    golds = _math500_golds()
+    formats = [g for g in golds if not re.fullmatch(r"-?\d+", g)][::2] + golds[::50]
+    failures = []
+    for gold in formats:
+        cleaned = reward._clean(gold)
+        if reward.hedge(cleaned) or reward._GRADER.equivalent(cleaned, cleaned) is not True:
+            failures.append(gold)
+    assert len(formats) > 90 and failures == []
+
+
+@pytest.mark.parametrize(
+    "answer, gold",
+    [
+        ("½", "\\frac{1}{2}"),
+        ("⅓", "\\frac13"),
+        ("¾", "0.75"),
+        ("2½", "2.5"),
+        ("√2", "\\sqrt{2}"),
+        ("2√3", "2\\sqrt{3}"),
+        ("√(x+1)", "\\sqrt{x+1}"),
+        ("∛8", "2"),
+        ("π", "\\pi"),
+        ("π/2", "\\frac{\\pi}{2}"),
+        ("√π", "\\sqrt{\\pi}"),
+        ("３", "3"),  # full-width
+        ("（１，３）", "(1,3)"),
+        ("ｘ＝３", "3"),
+        ("−3", "-3"),  # U+2212
+        ("2×3", "6"),
+        ("6÷2", "3"),
+        ("3·4", "12"),
+        ("x≤3", "x \\le 3"),
+        ("x≥3", "x \\ge 3"),
+        ("x≠3", "x \\ne 3"),
+        ("x²", "x^2"),
+        ("10⁻³", "10^{-3}"),
+        ("x₁", "x_1"),
+        ("∞", "\\infty"),
+        ("(−∞, 3]", "(-\\infty, 3]"),
+        ("45°", "45^\\circ"),
+    ],
+)
+def test_unicode_math_scores_against_its_latex_gold(answer, gold):
+    assert reward.reward(f"\\boxed{{{answer}}}", gold) == 1.0
+
+
+@pytest.mark.parametrize(
+    "answer, gold", [("½", "0.4"), ("√2", "2"), ("x²", "2x"), ("３", "4"), ("−3", "3"), ("x≤3", "x \\ge 3"), ("2½", "1")]
+)
+def test_wrong_unicode_answers_score_zero(answer, gold):
+    assert reward.reward(f"\\boxed{{{answer}}}", gold) == 0.0
+
+
+def test_normalize_unicode_examples():
+    assert reward.normalize_unicode("x²+½") == "x^{2}+\\frac{1}{2}"
+    assert reward.normalize_unicode("√√2") == "\\sqrt{\\sqrt{2}}"
+    assert reward.normalize_unicode("１２３") == "123"
+    assert reward.normalize_unicode("\\frac{1}{2}") == "\\frac{1}{2}"  # ASCII is untouched
+
+
+HANDLED = "".join(map(chr, reward._SYMBOLS)) + reward._SUPERSCRIPTS + reward._SUBSCRIPTS + "½⅓¼¾⅔⅕⅛" + "０９ＡＺ"
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.text(alphabet=st.sampled_from(HANDLED + "√∛x2{}()\\ -é"), max_size=20) | st.text(max_size=20))
+def test_normalize_unicode_leaves_no_handled_character(text):
+    out = reward.normalize_unicode(text)
+    assert not any(char in HANDLED for char in out)
+    assert out == text or not text.isascii()
