@@ -6,7 +6,8 @@ sampler's log-probabilities (the importance ratio's denominator in train.py) and
 
 Choices the paper leaves open:
   1. Plain temperature sampling from the full softmax: no top-k, top-p, min-p or repetition penalty, whatever the
-     model's generation_config.json says. The policy gradient is only right if pi_theta is what was sampled.
+     model's generation_config.json says (Qwen3-4B-Instruct-2507's asks for top_k=20, top_p=0.8, T=0.7). The
+     policy gradient is only right if pi_theta is what was sampled.
   2. The samples of one prompt share one prefill of it (`share_prefix`): it saves prefill compute, not memory.
 """
 
