@@ -60,6 +60,10 @@ def training_figure(rows: list[dict], title: str = ""):
                 ax.plot(*zip(*points), marker=".", label=label, ls="--" if "dashed" in label else "-")
         if panel.startswith(("accuracy", "truncation")):
             ax.set_ylim(-0.03, 1.03)
+        if panel == "importance ratio" and ax.lines:  # at least 1 +- 0.01: fp32's ratio ~ 1 +- 1e-6 reads as flat
+            low, high = ax.get_ylim()
+            ax.set_ylim(min(low, 0.99), max(high, 1.01))
+            ax.ticklabel_format(axis="y", useOffset=False)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if ax.lines:
             ax.legend(fontsize=7)
