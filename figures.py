@@ -24,38 +24,70 @@ def _pyplot(who: str):
     return plt
 
 
-PLOT_GROUPS = {  # panels that overlay several metrics; every other numeric metric gets a panel of its own
-    "accuracy": ["search_accuracy", "aggregation_accuracy", "accuracy"],
-    "token entropy": ["train/entropy_search", "train/entropy_aggregation", "train/entropy_grpo"],
-    "mean length (tokens)": ["search_length", "aggregation_length", "length"],
-}
+# The training dashboard: (panel title, [(metrics.jsonl key, legend label)]); a run plots the keys it has, so one
+# layout serves SPIRAL, GRPO and the two-model variant. Every other metric stays in metrics.jsonl. The entropy panel
+# is the paper's "token-level entropy over training": SPIRAL's search traces against GRPO's traces.
+DASHBOARD = [
+    ("accuracy (mean reward)", [("search_accuracy", "search"), ("aggregation_accuracy", "aggregation"),
+                                ("accuracy", "GRPO")]),
+    ("token entropy, all traces (nats)", [("rollout/entropy_search", "search"), ("rollout/entropy_grpo", "GRPO"),
+                                          ("rollout/entropy_aggregation", "aggregation (dashed)")]),
+    ("mean length (tokens)", [("search_length", "search"), ("aggregation_length", "aggregation"),
+                              ("length", "GRPO")]),
+    ("truncation rate", [("search_truncation_rate", "search"), ("aggregation_truncation_rate", "aggregation"),
+                         ("truncation_rate", "GRPO")]),
+    ("problems per step", [("problems_drawn", "drawn"), ("problems_kept", "kept (non-zero advantage)")]),
+    ("gradient norm (before clipping)", [("train/grad_norm", "theta"), ("train/grad_norm_aggregator", "phi")]),
+    ("importance ratio", [("train/importance_ratio_max", "max"), ("train/importance_ratio_mean", "mean"),
+                          ("train/importance_ratio_min", "min")]),
+    ("seconds per step", [("time/search_s", "search"), ("time/aggregation_s", "aggregation"),
+                          ("time/rollout_s", "rollout (all)"), ("time/train_s", "train")]),
+]
+
+
+def training_figure(rows: list[dict], title: str = ""):
+    """The dashboard of DASHBOARD's panels over steps as a matplotlib Figure, or None without matplotlib."""
+    plt = _pyplot("train.py")
+    if plt is None:
+        return None
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(2, 4, figsize=(17, 6.5), squeeze=False)
+    for ax, (panel, series) in zip(axes.flat, DASHBOARD):
+        for key, label in series:
+            points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if points:
+                ax.plot(*zip(*points), marker=".", label=label, ls="--" if "dashed" in label else "-")
+        if panel.startswith(("accuracy", "truncation")):
+            ax.set_ylim(-0.03, 1.03)
+        if panel == "importance ratio" and ax.lines:  # at least 1 +- 0.01: fp32's ratio ~ 1 +- 1e-6 reads as flat
+            low, high = ax.get_ylim()
+            ax.set_ylim(min(low, 0.99), max(high, 1.01))
+            ax.ticklabel_format(axis="y", useOffset=False)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+        ax.set_title(panel, fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(title + "  (every metric: metrics.jsonl)", fontsize=11)
+    fig.tight_layout()
+    return fig
 
 
 def plot_training(metrics_path: str, png_path: str) -> bool:
-    """metrics.jsonl as a grid of panels over steps; returns False (and prints a notice) without matplotlib."""
-    plt = _pyplot("train.py")
-    if plt is None:
-        return False
+    """metrics.jsonl as the dashboard PNG; False (after a notice) without matplotlib or rows."""
     rows = read_metrics(metrics_path)
-    numeric = [k for k in dict.fromkeys(k for r in rows for k in r)
-               if k != "step" and any(isinstance(r.get(k), (int, float)) for r in rows)]
-    grouped = {title: [k for k in keys if k in numeric] for title, keys in PLOT_GROUPS.items()}
-    panels = [(t, keys) for t, keys in grouped.items() if keys]
-    panels += [(k, [k]) for k in numeric if not any(k in keys for keys in grouped.values())]
-    cols, rows_n = 4, math.ceil(len(panels) / 4)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols, 2.6 * rows_n), squeeze=False)
-    for ax, (title, keys) in zip(axes.flat, panels):
-        for key in keys:
-            points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-            ax.plot(*zip(*points), marker=".", label=key)
-        if len(keys) > 1:
-            ax.legend(fontsize=7)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    fig.tight_layout()
+    if not rows:
+        print(f"train.py: {metrics_path} has no rows; no plot")
+        return False
+    fig = training_figure(rows, title=str(Path(metrics_path).parent))
+    if fig is None:
+        return False
     fig.savefig(png_path, dpi=100)
+    import matplotlib.pyplot as plt
     plt.close(fig)
     return True
 

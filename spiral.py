@@ -72,6 +72,19 @@ def _lengths(completions: list[Completion]) -> np.ndarray:
     return np.array([len(c.completion_ids) for c in completions])
 
 
+def _add_entropy(total: list, completions: list[Completion]) -> None:
+    """total = [sum of per-token sampler entropies, tokens]: a token-level mean once every trace is in."""
+    for c in completions:
+        if c.entropies is not None:
+            total[0] += float(sum(c.entropies))
+            total[1] += len(c.entropies)
+
+
+def _entropy_metrics(totals: dict[str, list]) -> dict[str, float]:
+    """rollout/entropy_<role>: mean entropy per sampled token over every trace of every drawn problem (nats)."""
+    return {f"rollout/entropy_{role}": s / n for role, (s, n) in totals.items() if n}
+
+
 def _check_counts(**counts: int) -> None:
     for name, value in counts.items():
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
@@ -105,6 +118,7 @@ def collect_spiral(
     aggregation_adapter: Callable[[], ContextManager] | None = None,
     max_draws: int | None = None,
     micro_batch_size: int | None = None,
+    tokens_per_micro_batch: int | None = None,
 ) -> Rollouts:
     """Algorithm 1, lines 1-13 and line 15's advantage, for a dynamically sampled batch B.
 
@@ -118,11 +132,13 @@ def collect_spiral(
     N1, n, K, N2 = num_search, set_size, num_sets, num_aggregations
     max_draws = 4 * batch_problems if max_draws is None else max_draws
     grader_before = grader_stats()
-    sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, micro_batch_size=micro_batch_size)
+    sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, micro_batch_size=micro_batch_size,
+                    tokens_per_micro_batch=tokens_per_micro_batch)
     samples: list[Sample] = []
     log = {key: [] for key in ("search_reward", "aggregation_reward", "search_length", "aggregation_length",
                                "search_truncated", "aggregation_truncated")}
     seconds = {"search": 0.0, "aggregation": 0.0}
+    entropy = {"search": [0.0, 0], "aggregation": [0.0, 0]}  # every trace of every drawn problem, kept or not
     drawn = kept = 0
     while kept < batch_problems and drawn < max_draws:  # dynamic sampling: draw until |B| problems carry signal
         problems = [draw_problem() for _ in range(min(batch_problems - kept, max_draws - drawn))]
@@ -162,6 +178,8 @@ def collect_spiral(
             log["aggregation_length"] += _lengths(aggregation_KN2).tolist()
             log["search_truncated"] += [c.truncated for c in search_N1]
             log["aggregation_truncated"] += [c.truncated for c in aggregation_KN2]
+            _add_entropy(entropy["search"], search_N1)  # the paper's entropy figure: search traces only
+            _add_entropy(entropy["aggregation"], aggregation_KN2)
             if not (np.any(search_adv_N1 != 0) or np.any(aggregation_adv_K_N2 != 0)):
                 continue  # dynamic sampling: this problem gives no gradient
             kept += 1
@@ -182,7 +200,7 @@ def collect_spiral(
         "tokens_generated": tokens,
         "tokens_per_problem": tokens / drawn,
         "token_budget_per_problem": (N1 + K * N2) * max_new_tokens,  # paper: (8 + 16) x 4096 = 98,304
-    } | _grader_metrics(grader_before)
+    } | _entropy_metrics(entropy) | _grader_metrics(grader_before)
     return Rollouts(samples, metrics)
 
 
@@ -199,6 +217,7 @@ def collect_grpo(
     rng: np.random.Generator | None = None,
     max_draws: int | None = None,
     micro_batch_size: int | None = None,
+    tokens_per_micro_batch: int | None = None,
 ) -> Rollouts:
     """The GRPO baseline: G = group_size samples per problem, A_i = r_i - mean_j r_j (Dr. GRPO: no std division).
 
@@ -210,13 +229,14 @@ def collect_grpo(
     grader_before = grader_stats()
     samples: list[Sample] = []
     log = {"reward": [], "length": [], "truncated": []}
+    entropy = {"grpo": [0.0, 0]}  # every trace of every drawn problem: comparable with SPIRAL's search traces
     drawn = kept = 0
     while kept < batch_problems and drawn < max_draws:  # dynamic sampling, as for SPIRAL
         problems = [draw_problem() for _ in range(min(batch_problems - kept, max_draws - drawn))]
         drawn += len(problems)
         groups_P_G = generate(model, tokenizer, [search_prompt(x.problem) for x in problems],
                               samples_per_prompt=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                              micro_batch_size=micro_batch_size)
+                              micro_batch_size=micro_batch_size, tokens_per_micro_batch=tokens_per_micro_batch)
         for x, group in zip(problems, groups_P_G):
             rewards_G = np.array([reward(c.text, x.answer) for c in group])
             adv_G = group_advantages(rewards_G)
@@ -225,6 +245,7 @@ def collect_grpo(
             log["reward"] += rewards_G.tolist()
             log["length"] += _lengths(group).tolist()
             log["truncated"] += [c.truncated for c in group]
+            _add_entropy(entropy["grpo"], group)
             if not np.any(adv_G != 0):
                 continue
             kept += 1
@@ -238,5 +259,5 @@ def collect_grpo(
         "tokens_generated": tokens,
         "tokens_per_problem": tokens / drawn,
         "token_budget_per_problem": group_size * max_new_tokens,  # paper: 12 x 8192 = 98,304
-    } | _grader_metrics(grader_before)
+    } | _entropy_metrics(entropy) | _grader_metrics(grader_before)
     return Rollouts(samples, metrics)

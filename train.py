@@ -14,7 +14,7 @@ Where this departs from the paper (each is a flag):
   4. 8 problems per step instead of 256 (one GPU, not a cluster); dynamic sampling is kept.
   5. Data: the bundled MATH train split instead of POLARIS-53K (`--data` takes a JSONL file or a Hub id).
   6. Samples with advantage exactly 0 skip the backward pass (their gradient is 0): the train/ entropy and ratio
-     metrics cover the trained tokens; rollout/nll_* covers every trace.
+     metrics cover the trained tokens; rollout/entropy_* (the sampler's) covers every trace of every drawn problem.
 
     python train.py                                  # the paper's setting (needs a GPU)
     python train.py --algo grpo                      # the GRPO baseline at equal token budget
@@ -97,7 +97,12 @@ class TrainConfig:
                                               "aggregation traces (appendix)")
     micro_batch_tokens: int = option(32768, "padded tokens per training micro-batch")
     logprob_chunk_size: int = option(256, "completion positions per lm_head chunk in the log-probs")
-    generation_batch_size: int | None = option(None, "sequences per generate call (default: by token count)")
+    generation_batch_size: int | None = option(None, "sequences per generate call (default: as many as fit "
+                                                     "--generation-tokens)")
+    generation_tokens: int | None = option(None, "KV-cache tokens (prompt + completion) per generate call (default: "
+                                                 "the GPU's free memory minus a headroom; CPU: 131,072)")
+    dtype: Literal["auto", "bfloat16", "float32"] = option("auto", "model weights and activations (auto: bfloat16 "
+                                                           "on a GPU, float32 on a CPU); LoRA weights stay float32")
     gradient_checkpointing: bool = option(True, "recompute decoder-layer activations in the backward pass")
     device: str | None = option(None, "cuda or cpu (default: cuda if available)")
     cpu_threads: int | None = option(None, "torch threads on a CPU (default: torch's choice; tiny: 1)")
@@ -262,7 +267,7 @@ def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng) -
     """Algorithm 1, lines 1-13 and 15's advantage (spiral.collect_spiral), or the GRPO baseline's rollouts."""
     common = dict(batch_problems=cfg.batch_problems, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                   target_length=cfg.target_length, rng=np_rng, max_draws=cfg.max_draws,
-                  micro_batch_size=cfg.generation_batch_size)
+                  micro_batch_size=cfg.generation_batch_size, tokens_per_micro_batch=cfg.generation_tokens)
     if cfg.algo == "grpo":
         return spiral.collect_grpo(model, tokenizer, stream, group_size=cfg.group_size, **common)
     aggregator = (lambda: use_adapter(model, "aggregator")) if cfg.separate_aggregator else None
@@ -278,6 +283,10 @@ def train(cfg: TrainConfig, problems) -> None:
     model, tokenizer, optimizer, stream, np_rng, start, base_path = start_run(cfg, problems)
     adapter_for_role = {"aggregation": "aggregator"} if cfg.separate_aggregator else {}
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
+    if cfg.generation_batch_size is None:
+        budget = cfg.generation_tokens or rollout.generation_token_budget(model)
+        print(f"train.py: {model.dtype}; generate calls hold up to {budget:,} tokens of KV cache "
+              f"({rollout.kv_bytes_per_token(model.config, model.dtype):,} bytes per token)")
     bar = tqdm(total=cfg.steps, initial=start, desc=cfg.algo, dynamic_ncols=True)
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.perf_counter()
@@ -333,7 +342,7 @@ def start_run(cfg: TrainConfig, problems):
     random.seed(cfg.seed)
     np_rng = np.random.default_rng(cfg.seed)
     model, tokenizer = rollout.load_policy(cfg.model, device=cfg.device or ("cuda" if torch.cuda.is_available()
-                                                                            else "cpu"))
+                                                                            else "cpu"), dtype=cfg.dtype)
     prompt_lengths = [len(rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(p.problem))) for p in problems]
     kept = [p for p, n in zip(problems, prompt_lengths) if n <= cfg.max_prompt_tokens]
     if not kept:
@@ -388,7 +397,7 @@ def save_base_if_needed(cfg: TrainConfig, model, tokenizer) -> str:
 
 # May change on --resume: none changes the algorithm (only an unchanged resume is bit-exact, though).
 RESUME_MUTABLE = {"steps", "save_every", "out", "resume", "overwrite", "device", "cpu_threads", "plot",
-                  "micro_batch_tokens", "logprob_chunk_size", "generation_batch_size"}
+                  "micro_batch_tokens", "logprob_chunk_size", "generation_batch_size", "generation_tokens"}
 
 
 class ConfigError(Exception):
@@ -471,7 +480,7 @@ def validate(cfg: TrainConfig) -> list:
     """Every check that needs no model; raises ConfigError, returns the training problems, touches nothing."""
     counts = ["steps", "save_every", "batch_problems", "num_search", "set_size", "num_sets", "num_aggregations",
               "group_size", "max_new_tokens", "max_prompt_tokens", "lora_rank", "micro_batch_tokens",
-              "logprob_chunk_size", "max_draws", "target_length", "generation_batch_size"]
+              "logprob_chunk_size", "max_draws", "target_length", "generation_batch_size", "generation_tokens"]
     for name in counts:
         value = getattr(cfg, name)
         if value is not None and value < 1:
@@ -479,6 +488,8 @@ def validate(cfg: TrainConfig) -> list:
     for name in ["lr", "temperature", "lora_alpha", "adam_eps"]:
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}")
+    if cfg.dtype not in ("auto", *rollout.DTYPES):  # argparse checks the flag; this, a resumed config.json
+        raise ConfigError(f"--dtype {cfg.dtype}: expected auto, bfloat16 or float32")
     if cfg.max_grad_norm < 0 or cfg.weight_decay < 0:
         raise ConfigError("--max-grad-norm and --weight-decay must be >= 0")
     if cfg.algo == "spiral":

@@ -1,5 +1,6 @@
 """rollout.py, prompts and sampling: the paper's prompts word for word, and `generate` on the tiny policy
-(lengths, EOS and truncation, grouping, determinism, and sampler log-probs equal to a teacher-forced pass)."""
+(lengths, EOS and truncation, grouping, determinism, sampler log-probs and entropies equal to a teacher-forced
+pass), and generation micro-batches sized from the KV-cache bytes per token."""
 
 import pytest
 import torch
@@ -102,15 +103,21 @@ def stop_biased_model(tokenizer, bias_by_token: dict[int, float]):
     return model
 
 
-def teacher_forced_logprobs(model, completion, temperature):
-    """log softmax(logits / T) of each completion token, from one forward pass over the unpadded sequence."""
+def teacher_forced(model, completion, temperature):
+    """(log-probs, entropies) of each completion token under softmax(logits / T), from one forward pass over the
+    unpadded sequence, with the full-vocabulary softmax written out."""
     ids = torch.tensor([completion.prompt_ids + completion.completion_ids])  # (1, T)
     with torch.no_grad():
         logits = model(ids).logits[0].float() / temperature  # (T, V)
-    logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = torch.log_softmax(logits, dim=-1)  # (T, V)
+    entropies = -(logprobs.exp() * logprobs).sum(-1)  # (T,)
     start = len(completion.prompt_ids) - 1  # the logits at position t predict token t + 1
     positions = torch.arange(start, start + len(completion.completion_ids))
-    return logprobs[positions, torch.tensor(completion.completion_ids)]
+    return logprobs[positions, torch.tensor(completion.completion_ids)], entropies[positions]
+
+
+def teacher_forced_logprobs(model, completion, temperature):
+    return teacher_forced(model, completion, temperature)[0]
 
 
 PROMPTS = [  # different lengths, so batches are left-padded
@@ -142,8 +149,10 @@ def test_sampler_logprobs_equal_teacher_forcing(tiny, share_prefix):
         for c in completions:
             assert c.prompt_ids == rollout.chat_prompt_ids(tokenizer, prompt)  # no padding left in
             assert len(c.logprobs) == len(c.completion_ids) == 10 and c.truncated
-            expected = teacher_forced_logprobs(model, c, temperature=0.7)
+            expected, expected_entropies = teacher_forced(model, c, temperature=0.7)
             torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
+            # The recorded entropy is the sampling distribution's, H(softmax(logits / T)), at every step.
+            torch.testing.assert_close(torch.tensor(c.entropies), expected_entropies, atol=1e-4, rtol=0)
 
 
 def test_eos_cut_and_truncation_flags(tiny, eos_ids):
@@ -157,7 +166,7 @@ def test_eos_cut_and_truncation_flags(tiny, eos_ids):
     )
     completions = [c for group in out for c in group]
     for c in completions:
-        assert len(c.logprobs) == len(c.completion_ids) >= 1
+        assert len(c.logprobs) == len(c.entropies) == len(c.completion_ids) >= 1
         body = c.completion_ids if c.truncated else c.completion_ids[:-1]
         assert not set(body) & {im_end, endoftext}  # the first EOS ends the completion
         if c.truncated:
@@ -166,7 +175,9 @@ def test_eos_cut_and_truncation_flags(tiny, eos_ids):
             assert c.completion_ids[-1] in (im_end, endoftext)
             assert len(c.completion_ids) <= max_new_tokens
         assert "<|im_end|>" not in c.text and "<|endoftext|>" not in c.text
-        torch.testing.assert_close(torch.tensor(c.logprobs), teacher_forced_logprobs(model, c, 1.0), atol=1e-4, rtol=0)
+        expected, expected_entropies = teacher_forced(model, c, 1.0)
+        torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(c.entropies), expected_entropies, atol=1e-4, rtol=0)
     last_tokens = [c.completion_ids[-1] for c in completions if not c.truncated]
     assert endoftext in last_tokens, "a stop on the pad id (<|endoftext|>) must be kept as the completion's EOS"
     assert im_end in last_tokens
@@ -281,3 +292,78 @@ def test_sampling_builds_no_autograd_graph(tiny):
     finally:
         hook.remove()
     assert len(grad_enabled) >= 2 and not any(grad_enabled)  # the prefill and at least one decoding step
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Generation micro-batches sized from the KV cache's bytes per token
+
+QWEN3_4B = dict(num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128, hidden_size=2560)
+
+
+def test_kv_bytes_per_token_of_qwen3_4b():
+    """Qwen3-4B's published config: 2 (K, V) x 36 layers x 8 KV heads x head_dim 128 x 2 bytes = 147,456 in bf16.
+    head_dim is not hidden_size / heads there (2560 / 32 = 80): the config's own head_dim must win."""
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(**QWEN3_4B)
+    assert rollout.kv_bytes_per_token(config, torch.bfloat16) == 147_456
+    assert rollout.kv_bytes_per_token(config, torch.float32) == 2 * 147_456
+    # 18 GiB of free memory beyond a 2 GiB headroom holds 131,072 tokens; a headroom above the free memory, none.
+    assert rollout.kv_token_budget(config, 20 * 2**30, 2 * 2**30, torch.bfloat16) == 131_072
+    assert rollout.kv_token_budget(config, 20 * 2**30 + 147_455, 2 * 2**30, torch.bfloat16) == 131_072
+    assert rollout.kv_token_budget(config, 2**30, 2 * 2**30, torch.bfloat16) == 0
+
+
+def test_kv_bytes_per_token_without_head_dim_or_kv_heads():
+    from types import SimpleNamespace
+
+    no_head_dim = SimpleNamespace(num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+                                  hidden_size=768, head_dim=None)  # head_dim = 768 / 12 = 64
+    assert rollout.kv_bytes_per_token(no_head_dim, torch.bfloat16) == 2 * 12 * 4 * 64 * 2
+    no_gqa = SimpleNamespace(num_hidden_layers=12, num_attention_heads=12, hidden_size=768)  # like GPT-2: MHA
+    assert rollout.kv_bytes_per_token(no_gqa, torch.float32) == 2 * 12 * 12 * 64 * 4
+
+
+def test_generation_token_budget_from_free_gpu_memory(monkeypatch):
+    """On CUDA: driver-free memory plus the allocator's unused cache, minus max(4 GiB, 10% of total), over the KV
+    bytes per token (faked memory figures: no GPU needed). Elsewhere: the fixed default."""
+    from types import SimpleNamespace
+    from transformers import Qwen3Config
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (19 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 10 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 3 * gib)
+    gpu_model = SimpleNamespace(device=torch.device("cuda", 0), config=Qwen3Config(**QWEN3_4B), dtype=torch.bfloat16)
+    # (19 + 10 - 3) GiB usable - max(4 GiB, 8 GiB) headroom = 18 GiB = 131,072 x 147,456 bytes
+    assert rollout.generation_token_budget(gpu_model) == 131_072
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (19 * gib, 24 * gib))  # headroom 4 GiB
+    assert rollout.generation_token_budget(gpu_model) == (22 * gib) // 147_456
+    cpu_model = SimpleNamespace(device=torch.device("cpu"), config=Qwen3Config(**QWEN3_4B), dtype=torch.float32)
+    assert rollout.generation_token_budget(cpu_model) == rollout.DEFAULT_TOKENS_PER_MICRO_BATCH
+
+
+def test_micro_batches_fit_the_token_budget(tiny, monkeypatch):
+    """generate's default micro-batch: as many sequences as fit `tokens_per_micro_batch` (prompt + completion)
+    tokens, sized by the longest prompt; an explicit micro_batch_size wins."""
+    model, tokenizer = tiny
+    sizes = []
+    real = rollout._sample_micro_batch
+
+    def recording(model, prompt_ids, copies, *args):
+        sizes.append(len(prompt_ids) * copies)
+        return real(model, prompt_ids, copies, *args)
+
+    monkeypatch.setattr(rollout, "_sample_micro_batch", recording)
+    longest = max(len(rollout.chat_prompt_ids(tokenizer, p)) for p in PROMPTS)
+    rollout.generate(model, tokenizer, PROMPTS, samples_per_prompt=4, max_new_tokens=2,
+                     tokens_per_micro_batch=5 * (longest + 2) + 1)
+    assert sizes == [4, 4, 4]  # 5 sequences fit, and one prompt's 4 copies go together
+    sizes.clear()
+    rollout.generate(model, tokenizer, PROMPTS, samples_per_prompt=4, max_new_tokens=2,
+                     tokens_per_micro_batch=3 * (longest + 2))
+    assert sizes == [3, 1] * 3
+    sizes.clear()
+    rollout.generate(model, tokenizer, PROMPTS, samples_per_prompt=4, max_new_tokens=2, micro_batch_size=12,
+                     tokens_per_micro_batch=1)
+    assert sizes == [12]

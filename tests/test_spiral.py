@@ -19,7 +19,7 @@ def scripted_generate(good_traces):
     calls = []
 
     def generate(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, temperature=1.0,
-                 micro_batch_size=None, progress=False):
+                 micro_batch_size=None, tokens_per_micro_batch=None, progress=False):
         calls.append((list(prompts), samples_per_prompt))
         out = []
         for prompt in prompts:
@@ -28,21 +28,22 @@ def scripted_generate(good_traces):
                 num_good = len(re.findall(r"GOOD", prompt))
                 for i in range(samples_per_prompt):
                     answer = "1" if i < num_good else "0"
-                    row.append(_completion(f"aggregate \\boxed{{{answer}}}", length=3 + i))
+                    row.append(_completion(f"aggregate \\boxed{{{answer}}}", length=3 + i, entropy=2.0 + i))
             else:  # search prompt: the problem text is the first line
                 problem = prompt.split("\n")[0]
                 for j in range(samples_per_prompt):
                     tag = "GOOD" if j in good_traces[problem] else "BAD"
-                    row.append(_completion(f"trace {j} {tag} \\boxed{{{1 if tag == 'GOOD' else 0}}}", length=10 + j))
+                    row.append(_completion(f"trace {j} {tag} \\boxed{{{1 if tag == 'GOOD' else 0}}}", length=10 + j,
+                                           entropy=0.1 * j + 0.01 * len(good_traces[problem])))
             out.append(row)
         return out
 
     return generate, calls
 
 
-def _completion(text, length):
+def _completion(text, length, entropy):
     return Completion(prompt_ids=[1, 2], completion_ids=list(range(length)), logprobs=[-0.5] * length, text=text,
-                      truncated=False)
+                      truncated=False, entropies=[entropy] * length)
 
 
 def fake_reward(text, gold):
@@ -187,3 +188,39 @@ def test_bad_counts_raise(world, bad):
     kwargs = dict(batch_problems=1, max_new_tokens=8, rng=np.random.default_rng(0)) | bad
     with pytest.raises(ValueError, match="must be a positive integer"):
         spiral.collect_spiral(None, None, problems_in_order("p0"), **kwargs)
+
+
+def test_entropy_metrics_cover_every_trace_of_every_drawn_problem(world):
+    """rollout/entropy_*: the token-level mean of the sampler's entropy over every trace of every drawn problem,
+    skipped ones included (p2 gives no signal), so SPIRAL's search traces and GRPO's traces compare as in the
+    paper's entropy figure. Scripted: search trace j of a problem with g good traces has entropy 0.1 j + 0.01 g at
+    each of its 10 + j tokens, aggregation sample i has 2 + i at each of its 3 + i tokens."""
+    base = sum(0.1 * j * (10 + j) for j in range(8)) / sum(10 + j for j in range(8))
+    search = base + 0.01 * (0 + 3) / 2  # p2 (0 good traces, skipped) and p0 (3, kept) weigh the same
+    aggregation = sum((2.0 + i) * (3 + i) for i in range(4)) / sum(3 + i for i in range(4))
+    out = spiral.collect_spiral(None, None, problems_in_order("p2", "p0"), batch_problems=1, max_new_tokens=64,
+                                rng=np.random.default_rng(0))
+    assert out.metrics["problems_drawn"] == 2 and out.metrics["problems_kept"] == 1
+    assert out.metrics["rollout/entropy_search"] == pytest.approx(search)
+    assert out.metrics["rollout/entropy_aggregation"] == pytest.approx(aggregation)
+    assert out.metrics["rollout/entropy_search"] != pytest.approx(base + 0.03)  # the kept problem's alone
+    grpo = spiral.collect_grpo(None, None, problems_in_order("p2", "p0"), batch_problems=1, group_size=8,
+                               max_new_tokens=64)
+    assert grpo.metrics["problems_drawn"] == 2 and grpo.metrics["problems_kept"] == 1
+    assert grpo.metrics["rollout/entropy_grpo"] == pytest.approx(search)  # same traces, same token weighting
+    assert "rollout/entropy_search" not in grpo.metrics
+
+
+def test_entropy_is_token_weighted_and_skips_unrecorded(world, monkeypatch):
+    """Two problems whose traces differ in length: the mean is per token, not per trace; a Completion without
+    recorded entropies (None) adds nothing rather than zeros."""
+    traces = {"a": [_completion("x \\boxed{1}", 2, 1.0), _completion("x \\boxed{0}", 6, 3.0),
+                    _completion("x \\boxed{0}", 1, 2.0)],
+              "b": [_completion("y \\boxed{1}", 4, 5.0), _completion("y \\boxed{0}", 4, 0.0)]}
+    traces["b"].append(Completion([1], [7, 7], [-1.0, -1.0], "z \\boxed{0}", False))  # entropies=None
+    monkeypatch.setattr(spiral, "generate", lambda model, tok, prompts, samples_per_prompt, **kw:
+                        [traces[p.split("\n")[0]][:samples_per_prompt] for p in prompts])
+    out = spiral.collect_grpo(None, None, problems_in_order("a", "b"), batch_problems=2, group_size=3,
+                              max_new_tokens=8)
+    assert out.metrics["problems_drawn"] == 2
+    assert out.metrics["rollout/entropy_grpo"] == pytest.approx((2 * 1 + 6 * 3 + 1 * 2 + 4 * 5 + 4 * 0) / 17)
