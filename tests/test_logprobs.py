@@ -242,7 +242,8 @@ def _small_batch(seed=0, count=3, vocab=128):
     return TokenBatch.from_samples(samples, 0, "cpu")
 
 
-@pytest.mark.parametrize("kind, overrides", [("gpt2", {}), ("llama", {}), ("gemma2", {"final_logit_softcapping": None})])
+@pytest.mark.parametrize("kind, overrides", [("gpt2", {}), ("llama", {}),
+                                             ("gemma2", {"final_logit_softcapping": None})])
 def test_other_architectures_equal_naive_values_and_gradients(kind, overrides):
     """GPT-2 (no model.model, no q_proj), Llama, and a Gemma-2 without soft-capping: chunked == naive."""
     model = _from_config(kind, **overrides)
