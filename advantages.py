@@ -7,6 +7,7 @@ set, and a reward r for each aggregation trace only.
 Groups run along the last axis; inputs are never written to; outputs are new float64 arrays. Wherever the
 mathematics gives 0 (a group of equal values, a trace in every set or in none), the result is exactly 0.0,
 so `advantage == 0` reliably means "no gradient". numpy only: copy this file into another trainer as it is.
+flat_spiral_advantages and flat_group_advantages take a trainer's flat batch of rows (PORTING.md).
 """
 
 import numpy as np
@@ -114,3 +115,125 @@ def length_aware(advantages, lengths, target_length):
     if isinstance(target_length, bool) or not isinstance(target_length, (int, float, np.number)):
         raise ValueError(f"target_length must be a number, got {target_length!r}")
     return np.where((adv > 0) & (lengths > target_length), 0.0, adv)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A trainer's flat batch (verl, TRL): bookkeeping around the per-prompt functions above, no new mathematics.
+
+
+def _column(name, values, num_rows, ndim=1):
+    """`values` as a float64 array with `num_rows` rows (fields that do not apply may hold -1 or NaN)."""
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must hold numbers (-1 or NaN where a field does not apply)") from None
+    if array.ndim != ndim or array.shape[0] != num_rows:
+        shape = "(R,)" if ndim == 1 else "(R, n)"
+        raise ValueError(f"{name} must have shape {shape} with R = {num_rows} rows, got shape {array.shape}")
+    return array
+
+
+def _flags(name, values, num_rows):
+    array = np.asarray(values)
+    if array.dtype == object:  # verl's non_tensor_batch holds object arrays
+        array = np.array(array.tolist())
+    zero_one = array.dtype.kind in "iu" and np.all((array == 0) | (array == 1))
+    if array.shape != (num_rows,) or not (array.dtype == bool or array.size == 0 or zero_one):
+        raise ValueError(f"{name} must be {num_rows} booleans, got dtype {array.dtype} and shape {array.shape}")
+    return array.astype(bool)
+
+
+def _rows_by_prompt(prompt_ids):
+    """{prompt id: [row, ...]} in order of first appearance."""
+    groups = {}
+    for row, pid in enumerate(prompt_ids):
+        try:
+            groups.setdefault(pid, []).append(row)
+        except TypeError:
+            raise ValueError(f"prompt_ids must be hashable, row {row} holds {type(pid).__name__}") from None
+    return groups
+
+
+def _whole(pid, name, values):
+    """Whole numbers >= 0 as int64, else a ValueError naming the prompt."""
+    if not np.all(np.isfinite(values) & (values >= 0) & (values == np.floor(values))):
+        raise ValueError(f"prompt {pid}: {name} must be whole numbers >= 0, got {values.ravel()[:8].tolist()}")
+    return values.astype(np.int64)
+
+
+def flat_spiral_advantages(prompt_ids, is_search, trace_index, set_index, set_members, rewards):
+    """spiral_advantages (Algorithm 1, lines 8-15) for a trainer's flat batch of R rows, in any order.
+
+    Bookkeeping only: it rebuilds each prompt's sets_K_n and rewards_K_N2 from its rows and calls
+    spiral_advantages. Row contract (one entry per row; a field that does not apply may hold -1 or NaN):
+      prompt_ids (R,)      any hashable group key (verl's uid)
+      is_search (R,)       bool: a search trace (set RL) or an aggregation trace (standard RL)
+      trace_index (R,)     search rows: j in 0..N1-1, each once per prompt
+      set_index (R,)       aggregation rows: l in 0..K-1, every set with the same number N2 of rows
+      set_members (R, n)   aggregation rows: the search-trace indices of set l, identical on all of its rows
+      rewards (R,)         aggregation rows: r(x, y); search rows are never rewarded
+    Returns adv_R (float64). Inconsistent metadata is a ValueError naming the prompt. Within a set, rows are taken
+    in order of reward, so the result does not change, bit for bit, when rows are reordered.
+    """
+    num_rows = len(prompt_ids)
+    search_R = _flags("is_search", is_search, num_rows)
+    trace_R, set_R, rewards_R = (_column(name, v, num_rows) for name, v in
+                                 [("trace_index", trace_index), ("set_index", set_index), ("rewards", rewards)])
+    members_R_n = _column("set_members", set_members, num_rows, ndim=2)
+    adv_R = np.zeros(num_rows)
+    for pid, rows in _rows_by_prompt(prompt_ids).items():
+        search, aggregation = [np.array([r for r in rows if search_R[r] == s], dtype=np.int64) for s in (1, 0)]
+        if len(search) == 0 or len(aggregation) == 0:
+            raise ValueError(f"prompt {pid}: has {len(search)} search rows and {len(aggregation)} aggregation "
+                             "rows; it needs both")
+        j_S = _whole(pid, "trace_index on search rows", trace_R[search])
+        N1 = len(search)
+        if not np.array_equal(np.sort(j_S), np.arange(N1)):
+            missing = sorted(set(range(int(j_S.max()) + 1)) - set(j_S.tolist()))
+            raise ValueError(f"prompt {pid}: the trace_index of its {N1} search rows must be 0..{N1 - 1} once each, "
+                             f"got {sorted(j_S.tolist())}" + (f" (missing search rows {missing})" if missing else ""))
+        l_A = _whole(pid, "set_index on aggregation rows", set_R[aggregation])
+        members_A_n = _whole(pid, "set_members on aggregation rows", members_R_n[aggregation])
+        K = int(l_A.max()) + 1
+        rows_K = [aggregation[l_A == l] for l in range(K)]
+        sizes = [len(rows_l) for rows_l in rows_K]
+        if min(sizes) == 0 or len(set(sizes)) > 1:
+            raise ValueError(f"prompt {pid}: sets 0..{K - 1} must have equally many aggregation rows (N2), got "
+                             f"{dict(enumerate(sizes))} rows by set_index")
+        for l in range(K):
+            if np.any(members_A_n[l_A == l] != members_A_n[l_A == l][0]):
+                raise ValueError(f"prompt {pid}: the rows of set {l} disagree on its members: "
+                                 f"{np.unique(members_A_n[l_A == l], axis=0).tolist()}")
+        if members_A_n.max() >= N1:
+            raise ValueError(f"prompt {pid}: a set holds search trace {members_A_n.max()}, but the prompt has "
+                             f"search rows only for traces 0..{N1 - 1} (missing search rows)")
+        sets_K_n = np.stack([members_A_n[l_A == l][0] for l in range(K)])  # (K, n)
+        if not np.all(np.isfinite(rewards_R[aggregation])):
+            raise ValueError(f"prompt {pid}: an aggregation row has reward "
+                             f"{rewards_R[aggregation][~np.isfinite(rewards_R[aggregation])][0]}")
+        # Row order within a set is arbitrary; ordering by reward makes every float sum the same for any order.
+        grid_K_N2 = np.stack([rows_l[np.argsort(rewards_R[rows_l], kind="stable")] for rows_l in rows_K])  # rows
+        try:
+            adv_N1, adv_K_N2 = spiral_advantages(sets_K_n, rewards_R[grid_K_N2], N1)
+        except ValueError as exc:
+            raise ValueError(f"prompt {pid}: {exc}") from None
+        adv_R[search] = adv_N1[j_S]
+        adv_R[grid_K_N2] = adv_K_N2
+    return adv_R
+
+
+def flat_group_advantages(prompt_ids, rewards, normalize_std=False):
+    """group_advantages (GRPO) for a flat batch: each prompt's rows form one group, in any order and of any size.
+
+    Returns adv_R (float64); a non-finite reward is a ValueError naming the prompt. Rows are taken in order of
+    reward within a group, so the result does not change, bit for bit, when rows are reordered.
+    """
+    rewards_R = _column("rewards", rewards, len(prompt_ids))
+    adv_R = np.zeros(len(rewards_R))
+    for pid, rows in _rows_by_prompt(prompt_ids).items():
+        rows = np.array(rows)
+        if not np.all(np.isfinite(rewards_R[rows])):
+            raise ValueError(f"prompt {pid}: a row has reward {rewards_R[rows][~np.isfinite(rewards_R[rows])][0]}")
+        rows = rows[np.argsort(rewards_R[rows], kind="stable")]
+        adv_R[rows] = group_advantages(rewards_R[rows], normalize_std)
+    return adv_R

@@ -68,7 +68,7 @@ import torch
 import figures
 import rollout
 import tiny
-from lora import load_adapter, use_adapter
+from lora import load_adapter, resolve_base_path, use_adapter
 from reward import answers_equivalent, extract_answer, reward
 
 METHODS = ("passk", "majority", "rsa", "sequential")
@@ -484,7 +484,7 @@ def _validate(cfg) -> None:
     if cfg.adapter is not None:
         if not (Path(cfg.adapter) / "adapter_config.json").is_file():
             raise UsageError(f"--adapter {cfg.adapter}: no adapter_config.json there (expected train.py's adapter dir)")
-        base = json.loads((Path(cfg.adapter) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        base = resolve_base_path(cfg.adapter)  # train.py stores a base inside the run directory as "../base"
         if not cfg.model_explicit and base:
             cfg.model = base
         elif base and base != cfg.model:

@@ -1,10 +1,13 @@
 """log pi_theta(y_t | x, y_<t) of completion tokens, without ever building a (tokens x vocabulary) fp32 tensor.
 
 The learner's side of the importance ratio exp(log pi_theta - log pi_sampler) in train.py's loss. The decoder runs
-once over prompt + completion; lm_head then runs only on the positions that predict a completion token
+once over prompt + completion; the output head then runs only on the positions that predict a completion token
 (TRL's `logits_to_keep` idea), `chunk_size` positions at a time, each chunk under activation checkpointing, so the
 backward pass holds one chunk's logits at a time: O(chunk x V) memory, not O(T x V) (at Qwen3's V = 151,936 a
-21k-token aggregation sample would need 12 GB of fp32 logits). Only torch is imported.
+21k-token aggregation sample would need 12 GB of fp32 logits). Any transformers causal LM whose logits are
+head(last hidden state): decoder and head come from its own get_decoder() / get_output_embeddings(); a model that
+post-processes its logits (Gemma-2's soft-capping, Granite's scaling, ...) is refused, never silently mis-scored.
+Only torch is imported.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from torch.utils.checkpoint import checkpoint
 
 @dataclass
 class TokenBatch:
-    """prompt + completion rows, RIGHT-padded: every real token keeps the position generate gave it."""
+    """prompt + completion rows; from_samples right-pads them. Positions come from attention_mask (cumsum - 1), so
+    with left or right padding every real token keeps the position generate gave it."""
 
     input_ids: torch.Tensor  # (B, T) prompt ++ completion ++ padding
     attention_mask: torch.Tensor  # (B, T) 1 on real tokens
@@ -46,9 +50,9 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return position_ids.masked_fill(attention_mask == 0, 1)  # (B, T)
 
 
-def _chunk_logprobs(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
-    """log softmax(lm_head(h) / tau)[target] for a chunk of positions, and the (detached) entropy there."""
-    logits = lm_head(hidden).float()  # (c, V) fp32; a fresh tensor, so dividing in place is safe
+def _chunk_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """log softmax(head(h) / tau)[target] for a chunk of positions, and the (detached) entropy there."""
+    logits = head(hidden).float()  # (c, V) fp32; a fresh tensor, so dividing in place is safe
     if temperature != 1.0:
         logits.div_(temperature)  # in place: every (c, V) temporary counts
     lse = torch.logsumexp(logits, dim=-1)  # (c,)
@@ -59,15 +63,104 @@ def _chunk_logprobs(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Ten
     return logprobs, entropy
 
 
-def completion_logprobs(model, batch: TokenBatch, temperature: float = 1.0, chunk_size: int = 256):
+# Config fields of transformers models (5.x) that change the logits after the head: the value that means "off".
+LOGIT_POST_PROCESSING = {
+    "final_logit_softcapping": None,  # Gemma 2/3/3n/4, VaultGemma, NanoChat: cap * tanh(logits / cap)
+    "logits_soft_cap": None,  # RecurrentGemma
+    "output_logit_soft_cap": None,  # xLSTM
+    "logits_scaling": 1.0,  # Granite, GraniteMoE*: logits / s (HyperCLOVAX: logits * s; MiniCPM3: hidden / s)
+    "logit_scale": 1.0,  # Cohere, Cohere2: logits * s
+    "lm_head_multiplier": 1.0,  # Falcon-H1: logits * m
+    "logits_mup_width_multiplier": 1.0,  # Inkling: hidden / m
+    "unpadded_vocab_size": None,  # Inkling: logits[..., :unpadded_vocab_size]
+}
+
+
+def _unwrap(model):
+    """The transformers model inside wrappers: peft's PeftModel and LoraModel expose it as get_base_model()."""
+    while callable(getattr(model, "get_base_model", None)) and model.get_base_model() is not model:
+        model = model.get_base_model()
+    return model
+
+
+def _post_processing(config) -> str | None:
+    """The first config field that makes logits differ from head(hidden), as "name=value", or None."""
+    configs = [config] + ([config.get_text_config()] if callable(getattr(config, "get_text_config", None)) else [])
+    for c in configs:
+        for name, off in LOGIT_POST_PROCESSING.items():
+            value = getattr(c, name, off)
+            if value is not None and value is not False and value != off and not (
+                    name == "unpadded_vocab_size" and value >= getattr(c, "vocab_size", value)):
+                return f"{name}={value}"
+    return None
+
+
+def _probe(model, decoder, head, batch: TokenBatch) -> str:
+    """Compare model(...).logits with head(decoder(...)) on row 0's first 8 tokens: "" if they agree, else why."""
+    ids, mask = batch.input_ids[:1, :8], batch.attention_mask[:1, :8]  # (1, t)
+    kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
+    was_training = model.training
+    model.eval()  # dropout would make the two passes differ
+    try:
+        with torch.no_grad():
+            full = model(**kwargs).logits.float()  # (1, t, V)
+            ours = head(decoder(**kwargs).last_hidden_state).float()  # (1, t, V)
+    finally:
+        model.train(was_training)
+    if ours.shape != full.shape:
+        return f"head(decoder(...)) has shape {tuple(ours.shape)}, model(...).logits {tuple(full.shape)}"
+    gap = float((ours - full).abs().max())
+    return "" if gap <= 1e-3 * max(1.0, float(full.abs().max())) else f"they differ by up to {gap:.3g}"
+
+
+def decoder_and_head(model, batch: TokenBatch | None = None):
+    """(decoder, head) with logits = head(decoder(...).last_hidden_state), found through transformers' accessors.
+
+    ValueError for a model whose logits are not head(hidden): a config field of LOGIT_POST_PROCESSING, or,
+    when `batch` is given, a one-time numeric probe (its verdict is cached on the model).
+    """
+    base = _unwrap(model)
+    name = type(base).__name__
+    decoder = base.get_decoder() if callable(getattr(base, "get_decoder", None)) else None
+    head = base.get_output_embeddings() if callable(getattr(base, "get_output_embeddings", None)) else None
+    if decoder is None or decoder is base or head is None:
+        raise ValueError(f"logprobs: cannot find {name}'s decoder and output head through get_decoder() and "
+                         "get_output_embeddings(); it is not a transformers causal LM")
+    setting = _post_processing(getattr(base, "config", None))
+    if setting is not None:
+        raise ValueError(f"logprobs: {name}'s logits are not head(hidden state): its config sets {setting}; "
+                         "compute log-probs from model(...).logits, or apply the same transform in _chunk_logprobs")
+    if batch is not None and getattr(base, "_logprobs_probe", None) is None:
+        base._logprobs_probe = _probe(base, decoder, head, batch)  # a plain attribute: nn.Module keeps it as is
+    if getattr(base, "_logprobs_probe", None):
+        raise ValueError(f"logprobs: {name}'s logits are not head(hidden state): on a probe, "
+                         f"{base._logprobs_probe}; compute log-probs from model(...).logits instead")
+    return decoder, head
+
+
+def to_rows(values_N: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
+    """(B, T), aligned with batch.input_ids: the value of token input_ids[b, t] where completion_mask[b, t], else 0.
+
+    The inverse of the flat, row-major order completion_logprobs returns; gradients flow through it.
+    """
+    rows = values_N.new_zeros(batch.input_ids.shape)  # (B, T)
+    return rows.masked_scatter(batch.completion_mask, values_N)  # (B, T): out of place, autograd sees it
+
+
+def completion_logprobs(model, batch: TokenBatch, temperature: float = 1.0, chunk_size: int = 256,
+                        as_rows: bool = False):
     """(logprobs_N, entropy_N): log softmax(logits / tau)[y_t] and the entropy, for every completion token.
 
-    Flat over the batch's completion tokens, row by row (row-major over batch.completion_mask). Assumes
-    logits = lm_head(hidden), true for Qwen3.
+    Flat over the batch's completion tokens, row by row (row-major over batch.completion_mask); as_rows=True gives
+    (B, T) tensors aligned with input_ids instead (to_rows). Padding may be left or right: positions come from
+    the attention mask. `model`: any causal LM that decoder_and_head accepts, or a peft wrapper around one.
     """
+    if bool(batch.completion_mask[:, 0].any()):
+        raise ValueError("logprobs: a completion token at position 0 has no context to be predicted from")
+    decoder, head = decoder_and_head(model, batch)
     position_ids = position_ids_from_mask(batch.attention_mask)  # (B, T)
-    hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                         position_ids=position_ids, use_cache=False).last_hidden_state  # (B, T, H)
+    hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                     position_ids=position_ids, use_cache=False).last_hidden_state  # (B, T, H)
     # The hidden state at t predicts token t+1: keep the positions whose NEXT token is a completion token.
     predicts_completion = batch.completion_mask[:, 1:]  # (B, T-1)
     hidden_N = hidden[:, :-1][predicts_completion]  # (N, H)
@@ -76,12 +169,15 @@ def completion_logprobs(model, batch: TokenBatch, temperature: float = 1.0, chun
     for start in range(0, hidden_N.shape[0], chunk_size):
         h, y = hidden_N[start:start + chunk_size], targets_N[start:start + chunk_size]  # (c, H), (c,)
         if torch.is_grad_enabled():
-            lp, ent = checkpoint(_chunk_logprobs, model.lm_head, h, y, temperature, use_reentrant=False)
+            lp, ent = checkpoint(_chunk_logprobs, head, h, y, temperature, use_reentrant=False)
         else:
-            lp, ent = _chunk_logprobs(model.lm_head, h, y, temperature)
+            lp, ent = _chunk_logprobs(head, h, y, temperature)
         logprobs.append(lp)
         entropies.append(ent)
-    if not logprobs:
-        empty = hidden_N.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    return torch.cat(logprobs), torch.cat(entropies)  # (N,), (N,)
+    if logprobs:
+        logprobs_N, entropy_N = torch.cat(logprobs), torch.cat(entropies)  # (N,), (N,)
+    else:
+        logprobs_N = entropy_N = hidden_N.new_zeros(0, dtype=torch.float32)
+    if as_rows:
+        return to_rows(logprobs_N, batch), to_rows(entropy_N, batch)  # (B, T), (B, T)
+    return logprobs_N, entropy_N

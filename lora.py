@@ -171,15 +171,38 @@ def replace_dir(tmp_dir: str, out_dir: str) -> None:
         os.replace(tmp_dir, out_dir)
 
 
-def save_adapter(model: nn.Module, out_dir: str, base_model_name_or_path: str, adapter_name: str = "default") -> None:
+def portable_base_path(base_model_name_or_path: str, adapter_dir: str, base_root: str | None) -> str:
+    """The base as adapter_config.json stores it: relative to the adapter directory (e.g. "../base") if it is a
+    directory inside `base_root` (the run directory), so the two move together; otherwise unchanged."""
+    if base_root is None or not os.path.isdir(base_model_name_or_path):
+        return base_model_name_or_path
+    base, root = os.path.realpath(base_model_name_or_path), os.path.realpath(base_root)
+    if os.path.commonpath([base, root]) != root:
+        return base_model_name_or_path
+    return os.path.relpath(base, os.path.realpath(adapter_dir))
+
+
+def resolve_base_path(adapter_dir: str) -> str | None:
+    """base_model_name_or_path of a saved adapter, a relative directory resolved against adapter_dir (peft would
+    resolve it against the working directory); a Hub id or an absolute path comes back unchanged."""
+    stored = read_adapter_config(adapter_dir).get("base_model_name_or_path")
+    if stored and not os.path.isabs(stored) and os.path.isdir(os.path.join(adapter_dir, stored)):
+        return os.path.abspath(os.path.join(adapter_dir, stored))
+    return stored
+
+
+def save_adapter(model: nn.Module, out_dir: str, base_model_name_or_path: str, adapter_name: str = "default",
+                 base_root: str | None = None) -> None:
     """Adapter `adapter_name` to `out_dir` in the PEFT format; each file is written then renamed.
 
-    peft: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), out_dir). Other files in out_dir
-    (a second adapter's sub-directory) are kept.
+    peft: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(resolve_base_path(out_dir)), out_dir).
+    A base inside `base_root` is stored relative to out_dir (portable_base_path). Other files in out_dir (a second
+    adapter's sub-directory) are kept.
     """
     from safetensors.torch import save_file
 
     out_dir = os.path.abspath(out_dir)
+    base_model_name_or_path = portable_base_path(base_model_name_or_path, out_dir, base_root)
     os.makedirs(out_dir, exist_ok=True)
     weights = os.path.join(out_dir, ADAPTER_WEIGHTS)
     state = {k: v.cpu() for k, v in peft_state_dict(model, adapter_name).items()}
@@ -188,15 +211,15 @@ def save_adapter(model: nn.Module, out_dir: str, base_model_name_or_path: str, a
     write_json_atomic(os.path.join(out_dir, ADAPTER_CONFIG), peft_config(model, base_model_name_or_path, adapter_name))
 
 
-def export_adapters(model: nn.Module, out_dir: str, base_model_name_or_path: str) -> None:
+def export_adapters(model: nn.Module, out_dir: str, base_model_name_or_path: str, base_root: str | None = None) -> None:
     """Every adapter at once: "default" at the top of out_dir, any other in out_dir/<name>, swapped in whole."""
     out_dir = os.path.abspath(out_dir)
-    tmp = f"{out_dir}.tmp-all-{os.getpid()}"
+    tmp = f"{out_dir}.tmp-all-{os.getpid()}"  # a sibling of out_dir: relative base paths written here stay right
     shutil.rmtree(tmp, ignore_errors=True)
-    save_adapter(model, tmp, base_model_name_or_path, "default")
+    save_adapter(model, tmp, base_model_name_or_path, "default", base_root)
     for name in adapter_names(model):
         if name != "default":
-            save_adapter(model, os.path.join(tmp, name), base_model_name_or_path, name)
+            save_adapter(model, os.path.join(tmp, name), base_model_name_or_path, name, base_root)
     replace_dir(tmp, out_dir)
 
 

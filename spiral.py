@@ -41,7 +41,7 @@ import numpy as np
 from advantages import group_advantages, length_aware, spiral_advantages
 from reward import grader_stats, reward
 from rollout import Completion, Problem, aggregation_prompt, generate, search_prompt
-from setsample import sample_sets
+from setsample import gradient_scale, sample_sets
 
 
 @dataclass
@@ -119,13 +119,15 @@ def collect_spiral(
     max_draws: int | None = None,
     micro_batch_size: int | None = None,
     tokens_per_micro_batch: int | None = None,
+    search_advantage_scale: float = 1.0,
 ) -> Rollouts:
     """Algorithm 1, lines 1-13 and line 15's advantage, for a dynamically sampled batch B.
 
     N1 = num_search, n = set_size, K = num_sets, N2 = num_aggregations. Per kept problem: N1 search Samples with
     A#_marg and K N2 aggregation Samples with the within-set advantage, both after the length-aware rule when
     `target_length` is set. `aggregation_adapter`: a context under which pi_phi writes the aggregation traces
-    (the appendix's two-model variant).
+    (the appendix's two-model variant). `search_advantage_scale` multiplies A#_marg: 1/M for an unbiased set-RL
+    gradient (train.py --unbiased-set-rl), 1 in the paper.
     """
     _check_counts(batch_problems=batch_problems, num_search=num_search, set_size=set_size, num_sets=num_sets,
                   num_aggregations=num_aggregations, max_new_tokens=max_new_tokens)
@@ -168,6 +170,7 @@ def collect_spiral(
             rewards_K_N2 = np.array([reward(c.text, x.answer) for c in aggregation_KN2]).reshape(K, N2)
             # Lines 8-13 (set scores, baseline, set and marginal advantages) and line 15's advantage.
             search_adv_N1, aggregation_adv_K_N2 = spiral_advantages(sets_P_K_n[i], rewards_K_N2, N1)
+            search_adv_N1 = search_adv_N1 * search_advantage_scale  # 1/M: E[g_set] = the set-RL gradient
             if target_length is not None:  # appendix, eq. length-aware-advantage, on both levels
                 search_adv_N1 = length_aware(search_adv_N1, _lengths(search_N1), target_length)
                 aggregation_adv_K_N2 = length_aware(aggregation_adv_K_N2,
@@ -200,6 +203,8 @@ def collect_spiral(
         "tokens_generated": tokens,
         "tokens_per_problem": tokens / drawn,
         "token_budget_per_problem": (N1 + K * N2) * max_new_tokens,  # paper: (8 + 16) x 4096 = 98,304
+        "gradient_scale_M": gradient_scale(N1, n, K),  # Proposition 3.1: E[g_set] = M x the set-RL gradient
+        "search_advantage_scale": search_advantage_scale,
     } | _entropy_metrics(entropy) | _grader_metrics(grader_before)
     return Rollouts(samples, metrics)
 

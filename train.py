@@ -84,6 +84,8 @@ class TrainConfig:
     max_new_tokens: int | None = option(None, "max tokens per trace (default: spiral 4096, grpo 8192)")
     max_prompt_tokens: int = option(1024, "drop training problems whose search prompt is longer (paper: 1024)")
     target_length: int | None = option(None, "L_target of the appendix's length-aware advantage (default off)")
+    unbiased_set_rl: bool = option(False, "divide the search traces' advantages by M of Proposition 3.1 for an "
+                                          "unbiased set-RL gradient (paper: off; M is logged either way)")
     temperature: float = option(1.0, "sampling temperature; the loss's log-probs use the same one")
     lr: float = option(2e-5, "AdamW learning rate (paper: 2e-5)")
     lora_rank: int = option(32, "LoRA rank r (paper: 32)")
@@ -134,6 +136,11 @@ def token_budget_per_problem(cfg: TrainConfig) -> int:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # 2. The loss and one optimisation step: Algorithm 1, lines 14-18
+
+
+def gradient_scale_M(cfg: TrainConfig) -> float | None:
+    """M of Proposition 3.1 for the run's N1, n, K (unordered sets): E[g_set] = M x the set-RL gradient. GRPO: None."""
+    return setsample.gradient_scale(cfg.num_search, cfg.set_size, cfg.num_sets) if cfg.algo == "spiral" else None
 
 
 def loss_normalizer(cfg: TrainConfig, problems_kept: int) -> float:
@@ -273,7 +280,9 @@ def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng) -
     aggregator = (lambda: use_adapter(model, "aggregator")) if cfg.separate_aggregator else None
     return spiral.collect_spiral(model, tokenizer, stream, num_search=cfg.num_search, set_size=cfg.set_size,
                                  num_sets=cfg.num_sets, num_aggregations=cfg.num_aggregations,
-                                 aggregation_adapter=aggregator, **common)
+                                 aggregation_adapter=aggregator,
+                                 search_advantage_scale=1 / gradient_scale_M(cfg) if cfg.unbiased_set_rl else 1.0,
+                                 **common)
 
 
 def train(cfg: TrainConfig, problems) -> None:
@@ -307,7 +316,7 @@ def train(cfg: TrainConfig, problems) -> None:
         if step % cfg.save_every == 0 or step == cfg.steps:
             checkpoint.save_checkpoint(cfg.out, model=model, optimizer=optimizer, step=step, data_state=stream.state(),
                                        np_rng=np_rng, config=dataclasses.asdict(cfg), base_model_name_or_path=base_path)
-            export_adapters(model, os.path.join(cfg.out, "adapter"), base_path)
+            export_adapters(model, os.path.join(cfg.out, "adapter"), base_path, base_root=cfg.out)  # "../base"
         accuracy = rollouts.metrics.get("aggregation_accuracy", rollouts.metrics.get("accuracy"))
         bar.set_postfix(reward=f"{accuracy:.3f}", tok_s=f"{row['time/generated_tokens_per_s']:.0f}")
         bar.update(1)
@@ -374,20 +383,25 @@ def start_run(cfg: TrainConfig, problems):
         start, stream = state["step"], ProblemStream(kept, cfg.seed, **state["data"])
         checkpoint.truncate_metrics(os.path.join(cfg.out, "metrics.jsonl"), start)
     else:
-        checkpoint.write_json_atomic(os.path.join(cfg.out, "config.json"), dataclasses.asdict(cfg))
+        checkpoint.write_json_atomic(os.path.join(cfg.out, "config.json"),
+                                     {**dataclasses.asdict(cfg), "gradient_scale_M": gradient_scale_M(cfg)})
     return model, tokenizer, optimizer, stream, np_rng, start, base_path
 
 
 def save_base_if_needed(cfg: TrainConfig, model, tokenizer) -> str:
-    """base_model_name_or_path for the adapters: a Hub id, a local directory, or OUT/base for the code-built tiny."""
-    if cfg.model != "tiny":
-        local = os.path.expanduser(cfg.model)
-        return os.path.abspath(local) if os.path.isdir(local) else cfg.model
+    """base_model_name_or_path for the adapters: a Hub id, a local directory, or OUT/base for the tiny models (the
+    code-built one, or a copy of the 3.7 MB warm start), so that a tiny run directory can move with its base."""
+    local = os.path.abspath(os.path.expanduser(cfg.model))
+    if cfg.model != "tiny" and local != tiny.WARM_START_DIR:
+        return local if os.path.isdir(local) else cfg.model
     base_path = os.path.join(os.path.abspath(cfg.out), "base")
     if not os.path.isdir(base_path):
         tmp = f"{base_path}.tmp-{os.getpid()}"
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        if cfg.model == "tiny":
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        else:
+            shutil.copytree(tiny.WARM_START_DIR, tmp)
         replace_dir(tmp, base_path)
     return base_path
 
@@ -499,8 +513,12 @@ def validate(cfg: TrainConfig) -> list:
         if cfg.num_sets > total:
             raise ConfigError(f"--num-sets {cfg.num_sets} exceeds the C({cfg.num_search}, {cfg.set_size}) = {total} "
                               "possible sets")
-    elif cfg.separate_aggregator:
-        raise ConfigError("--separate-aggregator needs --algo spiral (GRPO has no aggregation traces)")
+        if cfg.unbiased_set_rl and gradient_scale_M(cfg) == 0:
+            raise ConfigError(f"--unbiased-set-rl: M = 0 for --num-sets {cfg.num_sets} (K = 1 or N1 = n: the search "
+                              "traces get no set-RL gradient to rescale)")
+    elif cfg.separate_aggregator or cfg.unbiased_set_rl:
+        raise ConfigError(f"--{'separate-aggregator' if cfg.separate_aggregator else 'unbiased-set-rl'} needs "
+                          "--algo spiral (GRPO has no aggregation traces)")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     if cfg.resume and not os.path.exists(os.path.join(cfg.out, "checkpoint", "latest")):

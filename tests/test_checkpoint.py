@@ -65,7 +65,8 @@ def test_one_grpo_step_end_to_end(data, tmp_path):
     B = [v for (_, k), v in _tensors(tmp_path / "grpo").items() if k.endswith("lora_B.weight")]
     assert len(B) == 2 * 7 * 2 and any(b.abs().max() > 0 for b in B)  # B started at 0: the step moved it
     config = lora.read_adapter_config(str(tmp_path / "grpo" / "adapter"))
-    assert config["base_model_name_or_path"] == str(tmp_path / "grpo" / "base")
+    assert config["base_model_name_or_path"] == "../base"  # relative: the run directory moves with its base
+    assert lora.resolve_base_path(str(tmp_path / "grpo" / "adapter")) == str(tmp_path / "grpo" / "base")
     assert os.path.exists(tmp_path / "grpo" / "base" / "config.json")
     assert open(tmp_path / "grpo" / "checkpoint" / "latest").read().strip() == "step-000001"
 

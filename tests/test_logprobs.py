@@ -209,3 +209,160 @@ def test_roles_train_their_own_adapter(tiny):
     assert "train/grad_norm_aggregator" in metrics and "train/entropy_aggregation" in metrics
     # theta has Adam momentum from the first step, but no gradient now: AdamW leaves grad-less parameters alone.
     assert all(torch.equal(a, b) for a, b in zip(lora.lora_parameters(model, "default"), snapshot))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Any causal LM: decoder and head through transformers' accessors; models that post-process logits are refused.
+
+SMALL = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=16)
+
+
+def _from_config(kind, **overrides):
+    """A small random causal LM built offline from its config, in eval mode (no dropout)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = {
+        "gpt2": lambda: transformers.GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                                                **overrides),
+        "llama": lambda: transformers.LlamaConfig(**SMALL, **overrides),
+        "gemma2": lambda: transformers.Gemma2Config(**SMALL, **overrides),
+        "granite": lambda: transformers.GraniteConfig(**SMALL, **overrides),
+        "cohere": lambda: transformers.CohereConfig(**SMALL, **overrides),
+    }[kind]()
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def _small_batch(seed=0, count=3, vocab=128):
+    samples = _random_samples(seed, count)
+    for s in samples:
+        s.prompt_ids = [t % vocab for t in s.prompt_ids]
+        s.completion_ids = [t % vocab for t in s.completion_ids]
+    return TokenBatch.from_samples(samples, 0, "cpu")
+
+
+@pytest.mark.parametrize("kind, overrides", [("gpt2", {}), ("llama", {}),
+                                             ("gemma2", {"final_logit_softcapping": None})])
+def test_other_architectures_equal_naive_values_and_gradients(kind, overrides):
+    """GPT-2 (no model.model, no q_proj), Llama, and a Gemma-2 without soft-capping: chunked == naive."""
+    model = _from_config(kind, **overrides)
+    batch = _small_batch(seed=5)
+    weights = torch.randn(int(batch.completion_mask[:, 1:].sum()), generator=torch.Generator().manual_seed(1))
+
+    def run(fn):
+        model.zero_grad()
+        logprobs, entropy = fn()
+        (logprobs * weights).sum().backward()
+        return logprobs.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
+
+    fast = run(lambda: completion_logprobs(model, batch, 0.8, chunk_size=3))
+    slow = run(lambda: _naive(model, batch, 0.8))
+    torch.testing.assert_close(fast[0], slow[0], rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(fast[1], slow[1], rtol=1e-5, atol=2e-5)
+    for a, b in zip(fast[2], slow[2]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * max(float(b.abs().max()), 1e-3))
+
+
+@pytest.mark.parametrize("kind, overrides, setting", [
+    ("gemma2", {"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
+    ("granite", {"logits_scaling": 4.0}, "logits_scaling=4.0"),
+    ("cohere", {}, "logit_scale=0.0625"),
+])
+def test_models_that_post_process_logits_are_refused(kind, overrides, setting):
+    model = _from_config(kind, **overrides)
+    batch = _small_batch(seed=6)
+    with pytest.raises(ValueError, match=rf"logits are not head\(hidden state\): its config sets {setting}"):
+        completion_logprobs(model, batch)
+    if kind != "gemma2":  # the refusal matters: head(hidden) would be this far off (a cap of 30 barely bites here)
+        with torch.no_grad():
+            full = model(batch.input_ids).logits.log_softmax(-1)  # (B, T, V)
+            head = model.get_output_embeddings()(model.get_decoder()(batch.input_ids).last_hidden_state)
+            assert (full - head.log_softmax(-1)).abs().max() > 0.1
+
+
+def test_a_post_processing_that_no_config_field_names_is_caught_by_the_probe_once(tiny):
+    model = copy.deepcopy(tiny[0]).eval()
+    calls = []
+    model.register_forward_hook(lambda module, args, kwargs, out: calls.append(1), with_kwargs=True)
+    batch = _small_batch(seed=7, vocab=1000)
+    completion_logprobs(model, batch)
+    completion_logprobs(model, batch)
+    assert len(calls) == 1  # one probe forward of the whole model, then the cached verdict
+
+    doubled = copy.deepcopy(tiny[0]).eval()
+
+    def double(module, args, kwargs, out):
+        out.logits = out.logits * 2
+        return out
+
+    doubled.register_forward_hook(double, with_kwargs=True)
+    with pytest.raises(ValueError, match=r"logits are not head\(hidden state\): on a probe, they differ by up to"):
+        completion_logprobs(doubled, batch)
+
+
+def test_wrappers_are_unwrapped_and_non_causal_models_refused(tiny):
+    class Wrapper(torch.nn.Module):  # what peft's PeftModel offers: get_base_model()
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def get_base_model(self):
+            return self.inner
+
+    model = _lora_model(tiny, seed=8, checkpointing=False)
+    batch = _small_batch(seed=8, vocab=1000)
+    with torch.no_grad():
+        torch.testing.assert_close(completion_logprobs(Wrapper(Wrapper(model)), batch)[0],
+                                   completion_logprobs(model, batch)[0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"cannot find Qwen3Model's decoder and output head"):
+        completion_logprobs(model.model, batch)
+
+
+def test_a_real_peft_model_works(tiny):
+    """Runs only where peft is installed (it is not a dependency)."""
+    peft = pytest.importorskip("peft")
+    base = copy.deepcopy(tiny[0]).eval()
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                      init_lora_weights=False))
+    batch = _small_batch(seed=9, vocab=1000)
+    with torch.no_grad():
+        torch.testing.assert_close(completion_logprobs(model, batch)[0], _naive(model, batch, 1.0)[0],
+                                   rtol=1e-5, atol=2e-5)
+
+
+def test_as_rows_aligns_with_input_ids_and_keeps_gradients(tiny):
+    model = _lora_model(tiny, seed=10, checkpointing=False)
+    batch = _small_batch(seed=10, vocab=1000)
+    flat, _ = completion_logprobs(model, batch, chunk_size=4)
+    rows, entropy_rows = completion_logprobs(model, batch, chunk_size=4, as_rows=True)
+    assert rows.shape == entropy_rows.shape == batch.input_ids.shape
+    assert torch.equal(rows[batch.completion_mask], flat) and not rows[~batch.completion_mask].any()
+    with torch.no_grad():  # rows[b, t] = log softmax(logits[b, t-1])[input_ids[b, t]]
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=position_ids_from_mask(batch.attention_mask)).logits.float()  # (B, T, V)
+    b, t = batch.completion_mask.nonzero()[-1].tolist()
+    assert float(rows.detach()[b, t]) == pytest.approx(float(logits[b, t - 1].log_softmax(-1)[batch.input_ids[b, t]]),
+                                              abs=2e-5)
+    rows.sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in lora.lora_parameters(model))
+
+
+def test_left_padding_gives_the_right_padded_values(tiny):
+    """verl's layout: prompts left-padded, responses right-padded. Positions come from the mask, so it agrees."""
+    model = tiny[0].eval()
+    right = _small_batch(seed=11, vocab=1000)
+    shift = [int(n) for n in (right.attention_mask.shape[1] - right.attention_mask.sum(1))]
+    left = TokenBatch(*[torch.stack([torch.roll(x[i], shift[i]) for i in range(len(shift))]) for x in
+                        (right.input_ids, right.attention_mask, right.completion_mask)])
+    assert left.attention_mask[:, 0].eq(0).any()  # some row really is left-padded
+    with torch.no_grad():
+        torch.testing.assert_close(completion_logprobs(model, left)[0], completion_logprobs(model, right)[0],
+                                   rtol=1e-5, atol=2e-5)
+
+
+def test_a_completion_at_position_0_is_refused(tiny):
+    ids = torch.tensor([[5, 6, 7]])
+    batch = TokenBatch(ids, torch.ones_like(ids), torch.tensor([[True, True, True]]))
+    with pytest.raises(ValueError, match="position 0 has no context"):
+        completion_logprobs(tiny[0], batch)
