@@ -3,11 +3,13 @@
     OUT/config.json                  the TrainConfig of the run
     OUT/metrics.jsonl                one JSON object per step
     OUT/adapter/                     the latest adapters, PEFT format (lora.py); aggregator/ for the two-model variant
+    OUT/base/                        the base model, only for the code-built --model tiny
     OUT/checkpoint/step-NNNNNN/      adapter/, optimizer.pt, rng.pt, trainer_state.json (step, data position, config)
     OUT/checkpoint/latest            one line naming the newest complete step directory
 
 Every file is written under a temporary name and renamed, so a crash at any point leaves `latest` naming a complete
-checkpoint. Plumbing, not SPIRAL: train.py's loop calls `save_checkpoint` and `load_checkpoint`.
+checkpoint. A run writes nothing else (RUN_ENTRY), which is how --overwrite tells a run directory from a user's.
+Plumbing, not SPIRAL: train.py calls these.
 """
 
 from __future__ import annotations
@@ -15,12 +17,60 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
+import sys
+import time
 
 import numpy as np
 import torch
 
-from lora import adapter_names, export_adapters, load_adapter, replace_dir, write_json_atomic
+from lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_names, export_adapters, load_adapter, read_adapter_config, \
+    replace_dir, write_json_atomic
+
+# Every name a run writes in OUT and in OUT/checkpoint, with the temporary names of lora.write_json_atomic,
+# lora.replace_dir, lora.export_adapters and save_checkpoint (left behind by a crash).
+RUN_ENTRY = re.compile(r"(config\.json|metrics\.jsonl|metrics\.png|adapter|base|checkpoint)(\.(tmp|tmp-all|old)-\d+)?")
+CHECKPOINT_ENTRY = re.compile(r"latest(\.tmp-\d+)?|step-\d+(\.old-\d+)?|\.step-\d+\.tmp-\d+")
+STEP_DIR = re.compile(r"step-(\d+)")
+
+
+class CheckpointError(Exception):
+    """A run-directory file that cannot be read or does not fit this run; the message names the file."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The exception as "Type: first line of its message", for one-line errors."""
+    text = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _reading(path: str, read, *args):
+    """read(*args), with any failure turned into a CheckpointError naming `path`."""
+    try:
+        return read(*args)
+    except Exception as exc:  # noqa: BLE001 - a corrupt file fails in many ways (pickle, zip, JSON, shapes)
+        raise CheckpointError(f"{path} is missing, corrupt or does not fit this run ({first_line(exc)})") from exc
+
+
+def _read_json(path: str):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _read_name(path: str) -> str:
+    with open(path, "rb") as f:
+        return f.read(256).decode().strip()
+
+
+def within(path: str, root: str) -> bool:
+    """True if `path` (after symlinks) is `root` or inside it."""
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Checkpoints
 
 
 def rng_state(np_rng: np.random.Generator) -> dict:
@@ -39,9 +89,13 @@ def set_rng_state(state: dict, np_rng: np.random.Generator) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+_MOVED_ASIDE: dict[str, str] = {}  # abspath(OUT) -> the old run that --overwrite moved aside (see move_aside)
+
+
 def save_checkpoint(out_dir: str, *, model, optimizer, step: int, data_state: dict, np_rng, config: dict,
                     base_model_name_or_path: str) -> str:
-    """Write OUT/checkpoint/step-NNNNNN/ whole, then point `latest` at it, then delete older steps."""
+    """Write OUT/checkpoint/step-NNNNNN/ whole, then point `latest` at it, then delete older steps (and the old run
+    that --overwrite moved aside: the new run has now saved its first checkpoint)."""
     root = os.path.join(out_dir, "checkpoint")
     os.makedirs(root, exist_ok=True)
     name = f"step-{step:06d}"
@@ -62,34 +116,165 @@ def save_checkpoint(out_dir: str, *, model, optimizer, step: int, data_state: di
     for entry in os.listdir(root):
         if entry != name and entry != "latest":
             shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+    old_run = _MOVED_ASIDE.pop(os.path.abspath(out_dir), None)
+    if old_run:
+        shutil.rmtree(old_run, ignore_errors=True)
     return os.path.join(root, name)
 
 
-def latest_checkpoint(out_dir: str) -> str:
+def latest_checkpoint(out_dir: str) -> str | None:
+    """The step directory that `latest` names, or, with no `latest` (a crash before the first one was written), the
+    newest step-N holding a trainer_state.json; None if there is none. `latest` must name a step-N inside
+    OUT/checkpoint, else CheckpointError."""
     root = os.path.join(out_dir, "checkpoint")
-    with open(os.path.join(root, "latest")) as f:
-        return os.path.join(root, f.read().strip())
+    latest = os.path.join(root, "latest")
+    if os.path.exists(latest):
+        name = _reading(latest, _read_name, latest)
+        path = os.path.join(root, name)
+        if not STEP_DIR.fullmatch(name) or not within(path, root) or not os.path.isdir(path):
+            raise CheckpointError(f"{latest} names {name[:80]!r}, not a step directory inside {root}")
+        return path
+    steps = [e for e in (os.listdir(root) if os.path.isdir(root) else []) if STEP_DIR.fullmatch(e)
+             and within(os.path.join(root, e), root) and os.path.isfile(os.path.join(root, e, "trainer_state.json"))]
+    return os.path.join(root, max(steps, key=lambda e: int(e[5:]))) if steps else None
+
+
+def read_trainer_state(checkpoint_dir: str) -> dict:
+    """trainer_state.json: {"step", "data": {"epoch", "index"}, "config"}, else CheckpointError."""
+    path = os.path.join(checkpoint_dir, "trainer_state.json")
+    state = _reading(path, _read_json, path)
+    if not (isinstance(state, dict) and isinstance(state.get("step"), int) and isinstance(state.get("config"), dict)
+            and isinstance(state.get("data"), dict) and {"epoch", "index"} <= set(state["data"])):
+        raise CheckpointError(f"{path} is corrupt (no step, data position or config)")
+    return state
 
 
 def load_checkpoint(path: str, *, model, optimizer, np_rng) -> dict:
-    """Restore adapters, optimizer and RNG streams from a checkpoint directory; returns trainer_state.json."""
-    adapter_dir = os.path.join(path, "adapter")
+    """Restore adapters, optimizer and RNG streams from a checkpoint directory; returns trainer_state.json.
+    A file that is corrupt or does not fit the model raises CheckpointError naming it."""
+    state = read_trainer_state(path)
     for name in adapter_names(model):
-        load_adapter(model, adapter_dir if name == "default" else os.path.join(adapter_dir, name), name)
-    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True))
-    set_rng_state(torch.load(os.path.join(path, "rng.pt"), weights_only=True), np_rng)
-    return read_trainer_state(path)
+        adapter_dir = os.path.join(path, "adapter", "" if name == "default" else name)
+        _reading(os.path.join(adapter_dir, ADAPTER_CONFIG), read_adapter_config, adapter_dir)
+        _reading(os.path.join(adapter_dir, ADAPTER_WEIGHTS), load_adapter, model, adapter_dir, name)
+    optimizer_path, rng_path = os.path.join(path, "optimizer.pt"), os.path.join(path, "rng.pt")
+    _reading(optimizer_path, lambda: optimizer.load_state_dict(torch.load(optimizer_path, weights_only=True)))
+    _reading(rng_path, lambda: set_rng_state(torch.load(rng_path, weights_only=True), np_rng))
+    return state
 
 
-def looks_like_run_dir(path: str) -> bool:
-    return os.path.exists(os.path.join(path, "metrics.jsonl")) or os.path.isdir(os.path.join(path, "checkpoint"))
+def saved_config(out_dir: str) -> dict | None:
+    """The config --resume continues: the latest checkpoint's, or for a run that crashed before its first checkpoint
+    config.json's (that run restarts at step 0). None if OUT holds neither."""
+    path = latest_checkpoint(out_dir)
+    if path is not None:
+        return read_trainer_state(path)["config"]
+    config_path = os.path.join(out_dir, "config.json")
+    if not os.path.isfile(config_path):
+        return None
+    config = _reading(config_path, _read_json, config_path)
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path} is corrupt (not a JSON object)")
+    return config
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The run directory: what --overwrite may replace, and how
+
+
+def out_dir_problem(out_dir: str, *, resume: bool, overwrite: bool, keep: dict[str, str]) -> str | None:
+    """Why a run may not write to out_dir, or None. A new run needs an absent or empty directory; --resume needs a
+    checkpoint (or the config.json of a run that crashed before one); --overwrite needs a directory holding only
+    what a run writes and none of `keep` (flag -> path: the model it trains, ...). All need write access."""
+    if resume and saved_config(out_dir) is None:
+        return f"--resume: no checkpoint in {out_dir}"
+    if not resume and os.path.isdir(out_dir) and os.listdir(out_dir):
+        if not overwrite:
+            return f"--out {out_dir} already exists; pass --resume to continue it or --overwrite to replace it"
+        foreign = foreign_entries(out_dir)
+        if foreign:
+            return (f"--overwrite: {out_dir} does not look like a run directory (a run does not write {foreign[0]}); "
+                    "refusing to replace it")
+        for flag, path in keep.items():
+            if os.path.exists(path) and within(path, out_dir):
+                return f"--overwrite: {out_dir} contains {flag} ({path}); refusing to replace it"
+    why = unwritable(os.path.dirname(os.path.abspath(out_dir)) if overwrite else out_dir)
+    return f"--out {out_dir}: {why}" if why else None
+
+
+def foreign_entries(out_dir: str) -> list[str]:
+    """Entries of OUT and OUT/checkpoint that a run does not write (a user's files): --overwrite refuses those."""
+    foreign = [e for e in sorted(os.listdir(out_dir)) if not RUN_ENTRY.fullmatch(e)]
+    root = os.path.join(out_dir, "checkpoint")
+    if os.path.isdir(root) and not os.path.islink(root):
+        foreign += [os.path.join("checkpoint", e) for e in sorted(os.listdir(root))
+                    if not CHECKPOINT_ENTRY.fullmatch(e)]
+    return foreign
+
+
+def unwritable(path: str) -> str | None:
+    """Why a run could not create or write `path` (the nearest existing ancestor must be a writable directory)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
+def prepare_run_dir(out_dir: str, *, config: dict, overwrite: bool, resume_step: int | None) -> None:
+    """A run's first write, once every input has been checked and loaded: --overwrite moves an old run aside, a new
+    run writes config.json, a resumed run drops the metrics of the steps after its checkpoint (it redoes them)."""
+    if overwrite and os.path.isdir(out_dir) and os.listdir(out_dir):
+        old = move_aside(out_dir)
+        print(f"train.py: moved the old run to {old}; it is deleted once this run saves its first checkpoint")
+    os.makedirs(out_dir, exist_ok=True)
+    if resume_step is None:
+        write_json_atomic(os.path.join(out_dir, "config.json"), config)
+    else:
+        truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), resume_step)
+
+
+def move_aside(out_dir: str) -> str:
+    """--overwrite: rename OUT to OUT.old-<time>. save_checkpoint deletes it once the new run has saved its first
+    checkpoint; until then (a crash, a diverged first step) the old run stays there, whole."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    old = f"{os.path.abspath(out_dir)}.old-{stamp}"
+    for n in range(2, 1000):
+        if not os.path.exists(old):
+            break
+        old = f"{os.path.abspath(out_dir)}.old-{stamp}-{n}"
+    os.rename(out_dir, old)
+    _MOVED_ASIDE[os.path.abspath(out_dir)] = old
+    return old
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# metrics.jsonl
 
 
 def read_metrics(path: str) -> list[dict]:
+    """The rows of metrics.jsonl. A torn last line (a crash in mid-write) is dropped with a note on stderr; any other
+    line that is not a JSON object with an integer "step" is a CheckpointError naming the file and line."""
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [(n, line) for n, line in enumerate(f, start=1) if line.strip()]
+    rows = []
+    for n, line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+        else:
+            if n != lines[-1][0]:
+                raise CheckpointError(f"{path}, line {n}: not a JSON object with a step")
+            print(f"note: {path}, line {n}: dropped a torn last line (a crash while it was written)", file=sys.stderr)
+    return rows
 
 
 def append_metrics(path: str, row: dict) -> None:
@@ -108,6 +293,20 @@ def truncate_metrics(path: str, last_step: int) -> None:
     os.replace(tmp, path)
 
 
-def read_trainer_state(checkpoint_dir: str) -> dict:
-    with open(os.path.join(checkpoint_dir, "trainer_state.json")) as f:
-        return json.load(f)
+def save_base(out_dir: str, model: str, base_model, tokenizer, in_checkout: str) -> str:
+    """base_model_name_or_path for the adapters: a Hub id or a local directory as given; OUT/base for a base that
+    exists only in memory (--model tiny, built in code) or inside the checkout (`in_checkout`, the tiny warm start),
+    so that such a run directory can be moved or copied with its base."""
+    local = os.path.abspath(os.path.expanduser(model))
+    if model != "tiny" and local != in_checkout:
+        return local if os.path.isdir(local) else model
+    base_path = os.path.join(os.path.abspath(out_dir), "base")
+    if not os.path.isdir(base_path):
+        tmp = f"{base_path}.tmp-{os.getpid()}"
+        if model == "tiny":
+            base_model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        else:
+            shutil.copytree(in_checkout, tmp)
+        replace_dir(tmp, base_path)
+    return base_path

@@ -146,6 +146,8 @@ def _read_jsonl(path: str) -> list[Problem]:
                     raise ProblemFileError(f"{path}, line {line_number}: missing field '{field}'")
                 if not isinstance(value, str) or not value.strip():
                     raise ProblemFileError(f"{path}, line {line_number}: field '{field}' must be a non-empty string")
+                if not value.isascii() and any("\ud800" <= c <= "\udfff" for c in value):  # JSON "\ud800": not text
+                    raise ProblemFileError(f"{path}, line {line_number}: field '{field}' holds an unpaired surrogate")
                 fields[field] = value
             problem_id = None if record.get("id") is None else str(record["id"])
             problems.append(Problem(fields["problem"], fields["answer"], problem_id))
@@ -179,6 +181,40 @@ def _fetch_from_hub(source: str) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # 3. Policies
+
+
+def check_model(name: str) -> None:
+    """Fail fast, with a one-line ValueError, on a model that load_policy cannot load: a directory without
+    config.json, or a Hub id that is neither cached nor on a reachable Hub (instead of ~50 s of retries)."""
+    local = os.path.expanduser(name)
+    if name == "tiny" or os.path.isfile(os.path.join(local, "config.json")):
+        return
+    if os.path.isdir(local):
+        raise ValueError("no config.json, so not a model directory")
+    if name.startswith((".", "/", "~")) or os.path.exists(name) or name.count("/") > 1:
+        raise ValueError("no such directory")
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+        raise ValueError(f"unknown model; expected 'tiny', a local directory or a Hugging Face id like {DEFAULT_MODEL}")
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    cached = isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str)
+    if huggingface_hub.constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES",
+                                                                                                      "TRUE"):
+        if not cached:
+            raise ValueError("not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
+        return
+    try:
+        huggingface_hub.model_info(name, timeout=10)
+    except RepositoryNotFoundError:
+        raise ValueError("not on the Hugging Face Hub (or private: log in with `hf auth login`)") from None
+    except Exception as e:  # no network: DNS, proxy, timeout, ...
+        if not cached:
+            raise ValueError(f"the Hugging Face Hub is unreachable ({type(e).__name__}) and the model is not in the "
+                             "local cache") from None
+        huggingface_hub.constants.HF_HUB_OFFLINE = True  # else each file's download retries for tens of seconds
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        print(f"the Hugging Face Hub is unreachable; loading {name} from the local cache")
 
 
 @dataclass

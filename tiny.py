@@ -214,3 +214,12 @@ def warm_start(out_dir: str = WARM_START_DIR, *, steps: int = 700, batch_size: i
     write_json_atomic(os.path.join(tmp, "warm_start.json"), {"recipe": recipe})
     replace_dir(tmp, out_dir)
     return model, tokenizer
+
+
+def rebuild_warm_start(out_dir: str = WARM_START_DIR, seed: int = 0) -> str:
+    """warm_start into `out_dir`, refusing (FileExistsError) to replace a non-empty directory that is not a warm start."""
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)) \
+            and not os.path.exists(os.path.join(out_dir, "warm_start.json")):
+        raise FileExistsError(f"{out_dir} exists and is not a warm start (no warm_start.json); refusing to replace it")
+    warm_start(out_dir, seed=seed)
+    return out_dir

@@ -13,8 +13,8 @@ Where this departs from the paper (each is a flag):
   3. Gradient clipping at norm 1.0 per adapter (Tinker: none), a safety net; `train/grad_norm` shows if it bites.
   4. 8 problems per step instead of 256 (one GPU, not a cluster); dynamic sampling is kept.
   5. Data: the bundled MATH train split instead of POLARIS-53K (`--data` takes a JSONL file or a Hub id).
-  6. Samples with advantage exactly 0 skip the backward pass (their gradient is 0): the train/ entropy and ratio
-     metrics cover the trained tokens; rollout/entropy_* (the sampler's) covers every trace of every drawn problem.
+  6. Samples with advantage 0 skip the backward pass (their gradient is 0), so train/* metrics cover trained tokens;
+     rollout/entropy_* (the sampler's entropy) covers every trace of every drawn problem.
 
     python train.py                                  # the paper's setting (needs a GPU)
     python train.py --algo grpo                      # the GRPO baseline at equal token budget
@@ -26,12 +26,12 @@ Where this departs from the paper (each is a flag):
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import math
 import os
 import random
 import re
-import shutil
 import sys
 import time
 import typing
@@ -43,6 +43,7 @@ import torch
 
 import checkpoint
 import figures
+import reward
 import rollout
 import setsample
 import spiral
@@ -62,12 +63,10 @@ def option(default, help: str):
 class TrainConfig:
     """Defaults are the paper's appendix table (the `paper` preset) unless a help text says otherwise."""
 
-    preset: Literal["paper", "tiny"] = option("paper", "paper: the appendix's settings on Qwen3-4B-Instruct-2507 "
-                                              "(needs a GPU); tiny: the CPU demo (tiny.py)")
+    preset: Literal["paper", "tiny"] = option("paper", "paper: the appendix's table (needs a GPU); tiny: the CPU demo")
     algo: Literal["spiral", "grpo"] = option("spiral", "spiral (Algorithm 1) or grpo (the baseline, equal budget)")
     model: str = option(rollout.DEFAULT_MODEL, "base model: a Hugging Face id, a local directory, or 'tiny'")
-    data: str = option("math_train", "training problems: a bundled set, a JSONL file (problem, answer) or a Hub id "
-                                     "(paper: POLARIS-53K)")
+    data: str = option("math_train", "training problems: bundled set, JSONL file or Hub id (paper: POLARIS-53K)")
     steps: int = option(100, "optimiser steps, one batch of rollouts each")
     out: str | None = option(None, "run directory (default runs/<preset>-<algo>)")
     resume: bool = option(False, "continue the run in --out from its last checkpoint (--steps may grow)")
@@ -95,12 +94,10 @@ class TrainConfig:
     adam_beta2: float = option(0.95, "AdamW beta2")
     adam_eps: float = option(1e-8, "AdamW epsilon")
     max_grad_norm: float = option(1.0, "clip each adapter's gradient to this norm (0: no clipping, as Tinker)")
-    separate_aggregator: bool = option(False, "two-model variant: a second adapter phi writes and learns from the "
-                                              "aggregation traces (appendix)")
+    separate_aggregator: bool = option(False, "two-model variant: adapter phi writes and learns the aggregation traces")
     micro_batch_tokens: int = option(32768, "padded tokens per training micro-batch")
     logprob_chunk_size: int = option(256, "completion positions per lm_head chunk in the log-probs")
-    generation_batch_size: int | None = option(None, "sequences per generate call (default: as many as fit "
-                                                     "--generation-tokens)")
+    generation_batch_size: int | None = option(None, "sequences per generate call (default: --generation-tokens)")
     generation_tokens: int | None = option(None, "KV-cache tokens (prompt + completion) per generate call (default: "
                                                  "the GPU's free memory minus a headroom; CPU: 131,072)")
     dtype: Literal["auto", "bfloat16", "float32"] = option("auto", "model weights and activations (auto: bfloat16 "
@@ -134,13 +131,13 @@ def token_budget_per_problem(cfg: TrainConfig) -> int:
     return cfg.group_size * cfg.max_new_tokens
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# 2. The loss and one optimisation step: Algorithm 1, lines 14-18
-
-
 def gradient_scale_M(cfg: TrainConfig) -> float | None:
     """M of Proposition 3.1 for the run's N1, n, K (unordered sets): E[g_set] = M x the set-RL gradient. GRPO: None."""
     return setsample.gradient_scale(cfg.num_search, cfg.set_size, cfg.num_sets) if cfg.algo == "spiral" else None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 2. The loss and one optimisation step: Algorithm 1, lines 14-18
 
 
 def loss_normalizer(cfg: TrainConfig, problems_kept: int) -> float:
@@ -240,7 +237,12 @@ def train_step(model, optimizer, samples, *, max_grad_norm: float = 1.0, **kwarg
         if params:
             norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
             metrics["train/grad_norm" + ("" if name == "default" else f"_{name}")] = float(norm)
+    bad = [f"{k} = {v}" for k, v in metrics.items() if re.match("train/(loss|grad_norm)", k) and not math.isfinite(v)]
+    if bad:  # stop before the step: the weights, and so every checkpoint, stay finite
+        raise Diverged(f"non-finite {', '.join(bad)}; no optimizer step was taken")
     optimizer.step()
+    if not torch.stack([torch.isfinite(p).all() for g in optimizer.param_groups for p in g["params"]]).all():
+        raise Diverged("the AdamW step made the LoRA weights non-finite (is --lr too large?)")
     optimizer.zero_grad(set_to_none=True)
     model.train(was_training)
     return metrics
@@ -309,7 +311,7 @@ def train(cfg: TrainConfig, problems) -> None:
                            max_grad_norm=cfg.max_grad_norm, adapter_for_role=adapter_for_role,
                            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         t2 = time.perf_counter()
-        row = {"step": step, **rollouts.metrics, **rollout_nll(rollouts.samples), **stats, "train/loss_normalizer": C,
+        row = {"step": step, **rollouts.metrics, **stats, "train/loss_normalizer": C,
                "data/epoch": stream.epoch, "time/rollout_s": t1 - t0, "time/train_s": t2 - t1,
                "time/generated_tokens_per_s": rollouts.metrics["tokens_generated"] / max(t1 - t0, 1e-9)}
         checkpoint.append_metrics(metrics_path, row)
@@ -326,14 +328,6 @@ def train(cfg: TrainConfig, problems) -> None:
     print(f"train.py: done; adapter in {os.path.join(cfg.out, 'adapter')}")
 
 
-def rollout_nll(samples) -> dict[str, float]:
-    """Mean -log pi_sampler per sampled token, by role: a Monte Carlo estimate of the sampler's entropy."""
-    by_role: dict[str, list[float]] = {}
-    for s in samples:
-        by_role.setdefault(s.role, []).extend(s.sampler_logprobs)
-    return {f"rollout/nll_{role}": -float(np.mean(lps)) for role, lps in by_role.items() if lps}
-
-
 def enable_gradient_checkpointing(model) -> None:
     """Non-reentrant activation checkpointing on every decoder layer: gradients reach the LoRA weights inside a
     layer even though its input (the frozen embedding's output) does not require grad."""
@@ -345,13 +339,17 @@ def enable_gradient_checkpointing(model) -> None:
 
 
 def start_run(cfg: TrainConfig, problems):
-    """Model, LoRA, optimizer and data order, fresh or restored from the run's last checkpoint."""
+    """Model, LoRA, optimizer and data order, fresh or restored from the run's last checkpoint. Whatever can fail on
+    the inputs (loading the model and the checkpoint) happens before the run directory is touched."""
     if cfg.cpu_threads is not None:
         torch.set_num_threads(cfg.cpu_threads)
     random.seed(cfg.seed)
     np_rng = np.random.default_rng(cfg.seed)
-    model, tokenizer = rollout.load_policy(cfg.model, device=cfg.device or ("cuda" if torch.cuda.is_available()
-                                                                            else "cpu"), dtype=cfg.dtype)
+    try:
+        model, tokenizer = rollout.load_policy(cfg.model, device=cfg.device or ("cuda" if torch.cuda.is_available()
+                                                                                else "cpu"), dtype=cfg.dtype)
+    except Exception as exc:  # noqa: BLE001 - a bad model directory fails in many ways; one line names it
+        raise ConfigError(f"--model {cfg.model}: cannot load it ({checkpoint.first_line(exc)})") from exc
     prompt_lengths = [len(rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(p.problem))) for p in problems]
     kept = [p for p, n in zip(problems, prompt_lengths) if n <= cfg.max_prompt_tokens]
     if not kept:
@@ -359,12 +357,7 @@ def start_run(cfg: TrainConfig, problems):
     if len(kept) < len(problems):
         print(f"train.py: dropped {len(problems) - len(kept)} of {len(problems)} problems longer than "
               f"{cfg.max_prompt_tokens} prompt tokens")
-
-    # Only now, with every input checked, does the run touch the disk.
-    if cfg.overwrite and os.path.exists(cfg.out):
-        shutil.rmtree(cfg.out)
-    os.makedirs(cfg.out, exist_ok=True)
-    base_path = save_base_if_needed(cfg, model, tokenizer)
+    base_model = copy.deepcopy(model) if cfg.model == "tiny" else None  # saved to OUT/base below, without LoRA
 
     torch.manual_seed(cfg.seed)  # LoRA's A initialisation draws from here
     add_lora(model, cfg.lora_rank, cfg.lora_alpha, TARGET_MODULES, "default")
@@ -377,33 +370,16 @@ def start_run(cfg: TrainConfig, problems):
                                   lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
     stream, start = ProblemStream(kept, cfg.seed), 0
-    if cfg.resume:
-        state = checkpoint.load_checkpoint(checkpoint.latest_checkpoint(cfg.out), model=model, optimizer=optimizer,
-                                           np_rng=np_rng)
+    resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None  # None: a crash before the first
+    if resume_from is not None:
+        state = checkpoint.load_checkpoint(resume_from, model=model, optimizer=optimizer, np_rng=np_rng)
         start, stream = state["step"], ProblemStream(kept, cfg.seed, **state["data"])
-        checkpoint.truncate_metrics(os.path.join(cfg.out, "metrics.jsonl"), start)
-    else:
-        checkpoint.write_json_atomic(os.path.join(cfg.out, "config.json"),
-                                     {**dataclasses.asdict(cfg), "gradient_scale_M": gradient_scale_M(cfg)})
+
+    # Only now, with every input checked and loaded, does the run touch the disk.
+    checkpoint.prepare_run_dir(cfg.out, config={**dataclasses.asdict(cfg), "gradient_scale_M": gradient_scale_M(cfg)},
+                               overwrite=cfg.overwrite, resume_step=start if cfg.resume else None)
+    base_path = checkpoint.save_base(cfg.out, cfg.model, base_model, tokenizer, in_checkout=tiny.WARM_START_DIR)
     return model, tokenizer, optimizer, stream, np_rng, start, base_path
-
-
-def save_base_if_needed(cfg: TrainConfig, model, tokenizer) -> str:
-    """base_model_name_or_path for the adapters: a Hub id, a local directory, or OUT/base for the tiny models (the
-    code-built one, or a copy of the 3.7 MB warm start), so that a tiny run directory can move with its base."""
-    local = os.path.abspath(os.path.expanduser(cfg.model))
-    if cfg.model != "tiny" and local != tiny.WARM_START_DIR:
-        return local if os.path.isdir(local) else cfg.model
-    base_path = os.path.join(os.path.abspath(cfg.out), "base")
-    if not os.path.isdir(base_path):
-        tmp = f"{base_path}.tmp-{os.getpid()}"
-        if cfg.model == "tiny":
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-        else:
-            shutil.copytree(tiny.WARM_START_DIR, tmp)
-        replace_dir(tmp, base_path)
-    return base_path
 
 
 # ======================================================================================================================
@@ -416,6 +392,10 @@ RESUME_MUTABLE = {"steps", "save_every", "out", "resume", "overwrite", "device",
 
 class ConfigError(Exception):
     """Bad input, reported as one line `train.py: error: ...` and exit code 2."""
+
+
+class Diverged(Exception):
+    """A non-finite loss, gradient or weight: the run stops (exit code 1) and its last checkpoint stays good."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -456,12 +436,16 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_config(explicit: dict, saved: dict | None = None) -> TrainConfig:
     """TrainConfig defaults <- preset <- explicit flags; on --resume: the checkpoint's config <- explicit flags."""
     if saved is not None:
+        saved = {k: v for k, v in saved.items() if k != "gradient_scale_M"}  # config.json logs the derived M too
+        unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(TrainConfig)})
+        if unknown:
+            raise ConfigError(f"--resume: the checkpoint's config has settings this train.py lacks {unknown}")
         changed = {k: v for k, v in explicit.items() if k not in RESUME_MUTABLE and saved.get(k) != v}
         if changed:
             name, value = next(iter(changed.items()))
             raise ConfigError(f"--{name.replace('_', '-')} {value} differs from the checkpoint's {saved.get(name)}; "
                               "resume with the run's settings or start a new run")
-        values = {**saved, **explicit}
+        values = {**saved, "overwrite": False, **explicit}  # a run started with --overwrite resumes too
     else:
         preset, algo = explicit.get("preset", TrainConfig.preset), explicit.get("algo", TrainConfig.algo)
         values = {**{k: (v[algo] if isinstance(v, dict) else v) for k, v in PRESETS[preset].items()}, **explicit}
@@ -473,39 +457,36 @@ def resolve_config(explicit: dict, saved: dict | None = None) -> TrainConfig:
     return cfg
 
 
-def _check_model(name: str) -> None:
-    if name == "tiny" or os.path.isdir(os.path.expanduser(name)):
-        return
-    if os.path.abspath(name) == tiny.WARM_START_DIR:
-        raise ConfigError(f"--model {name}: the tiny preset's warm start is missing; recreate it with "
-                          "python train.py --preset tiny --warm-start-only")
-    if name.startswith((".", "/", "~")) or os.path.exists(name) or name.count("/") > 1:
-        raise ConfigError(f"--model {name}: no such directory")
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
-        raise ConfigError(f"--model {name}: unknown model; expected 'tiny', a local directory or a Hugging Face id "
-                          f"such as {rollout.DEFAULT_MODEL}")
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        from huggingface_hub import try_to_load_from_cache
-        if not isinstance(try_to_load_from_cache(name, "config.json"), str):
-            raise ConfigError(f"--model {name}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
+def _need(ok: bool, name: str, value, what: str) -> None:
+    if not ok:
+        raise ConfigError(f"--{name.replace('_', '-')} must be {what}, got {value}")
 
 
 def validate(cfg: TrainConfig) -> list:
     """Every check that needs no model; raises ConfigError, returns the training problems, touches nothing."""
     counts = ["steps", "save_every", "batch_problems", "num_search", "set_size", "num_sets", "num_aggregations",
               "group_size", "max_new_tokens", "max_prompt_tokens", "lora_rank", "micro_batch_tokens",
-              "logprob_chunk_size", "max_draws", "target_length", "generation_batch_size", "generation_tokens"]
+              "logprob_chunk_size", "max_draws", "target_length", "generation_batch_size", "generation_tokens",
+              "cpu_threads"]
     for name in counts:
-        value = getattr(cfg, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-    for name in ["lr", "temperature", "lora_alpha", "adam_eps"]:
-        if not getattr(cfg, name) > 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}")
+        _need(getattr(cfg, name) is None or getattr(cfg, name) >= 1, name, getattr(cfg, name), "a positive integer")
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        _need(not isinstance(value, float) or math.isfinite(value), f.name, value, "a finite number")
+    # Sampling and the loss divide logits by T: at 1e-300 they overflow, and already below ~1e-3 the importance ratio
+    # exp((logit - sampler logit) / T) overflows fp32 for the logit differences bf16 rounding makes.
+    for name, ok, what in [
+            ("seed", 0 <= cfg.seed < 2**64, "in [0, 2**64), the range torch.manual_seed accepts"),
+            ("cpu_threads", (cfg.cpu_threads or 1) <= (os.cpu_count() or 1), f"at most {os.cpu_count()}, the CPUs"),
+            ("lr", cfg.lr > 0, "positive"), ("lr", cfg.lr <= 1, "at most 1 (AdamW moves each weight by ~lr a step)"),
+            ("lora_alpha", cfg.lora_alpha > 0, "positive"),
+            ("adam_eps", cfg.adam_eps > 0, "positive"), ("temperature", cfg.temperature >= 1e-3, "at least 0.001"),
+            ("adam_beta1", 0 <= cfg.adam_beta1 < 1, "in [0, 1)"), ("adam_beta2", 0 <= cfg.adam_beta2 < 1, "in [0, 1)"),
+            ("weight_decay", cfg.weight_decay >= 0, ">= 0"), ("max_grad_norm", cfg.max_grad_norm >= 0, ">= 0"),
+            ("weight_decay", cfg.lr * cfg.weight_decay < 1, "below 1 / --lr (AdamW scales weights by 1 - lr x wd)")]:
+        _need(ok, name, getattr(cfg, name), what)
     if cfg.dtype not in ("auto", *rollout.DTYPES):  # argparse checks the flag; this, a resumed config.json
         raise ConfigError(f"--dtype {cfg.dtype}: expected auto, bfloat16 or float32")
-    if cfg.max_grad_norm < 0 or cfg.weight_decay < 0:
-        raise ConfigError("--max-grad-norm and --weight-decay must be >= 0")
     if cfg.algo == "spiral":
         if cfg.set_size > cfg.num_search:
             raise ConfigError(f"--set-size {cfg.set_size} is larger than --num-search {cfg.num_search}")
@@ -521,22 +502,26 @@ def validate(cfg: TrainConfig) -> list:
                           "--algo spiral (GRPO has no aggregation traces)")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
-    if cfg.resume and not os.path.exists(os.path.join(cfg.out, "checkpoint", "latest")):
-        raise ConfigError(f"--resume: no checkpoint in {cfg.out}")
-    if not cfg.resume and os.path.exists(cfg.out) and (not os.path.isdir(cfg.out) or os.listdir(cfg.out)):
-        if not cfg.overwrite:
-            raise ConfigError(f"--out {cfg.out} already exists; pass --resume to continue it or --overwrite to "
-                              "replace it")
-        if not checkpoint.looks_like_run_dir(cfg.out):
-            raise ConfigError(f"--overwrite: {cfg.out} does not look like a run directory (no metrics.jsonl or "
-                              "checkpoint/); refusing to delete it")
-    _check_model(cfg.model)
+    problem = checkpoint.out_dir_problem(cfg.out, resume=cfg.resume, overwrite=cfg.overwrite,
+                                         keep={"--model": cfg.model, "--data": cfg.data, "the current directory": "."})
+    if problem:
+        raise ConfigError(problem)
     if cfg.device is None and cfg.model != "tiny" and not torch.cuda.is_available():
         raise ConfigError(f"no CUDA GPU found, and {cfg.model} needs one; try --preset tiny (a tiny policy on CPU)")
     if cfg.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", cfg.device):
         raise ConfigError(f"--device {cfg.device}: expected cpu, cuda or cuda:N")
     if cfg.device is not None and cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {cfg.device}: no CUDA GPU found; try --preset tiny")
+    if os.path.abspath(cfg.model) == tiny.WARM_START_DIR and not os.path.isfile(f"{tiny.WARM_START_DIR}/config.json"):
+        raise ConfigError(f"--model {cfg.model}: the tiny preset's warm start is missing; recreate it with "
+                          "python train.py --preset tiny --warm-start-only")
+    try:
+        rollout.check_model(cfg.model)
+    except ValueError as exc:
+        raise ConfigError(f"--model {cfg.model}: {exc}")
+    why = reward.check_grader()  # a grader that cannot start would score every trace 0: say so now
+    if why:
+        raise ConfigError(f"the math-verify grader cannot start: {why}")
     try:
         problems = rollout.load_problems(cfg.data)
     except Exception as exc:  # noqa: BLE001 - any loader failure is a one-line input error
@@ -547,26 +532,32 @@ def validate(cfg: TrainConfig) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, validate (one-line errors, exit 2, nothing written), then train."""
+    """Parse, validate (one-line errors, exit 2, nothing written), then train (exit 1 if it diverges)."""
+    cfg = None
     try:
         explicit = vars(build_parser().parse_args(argv))
-        saved = None
-        if explicit.get("resume") and explicit.get("overwrite"):
-            raise ConfigError("--resume and --overwrite exclude each other")
-        if explicit.get("resume"):
-            out = explicit.get("out") or resolve_config(explicit).out
-            try:
-                saved = checkpoint.read_trainer_state(checkpoint.latest_checkpoint(out))["config"]
-            except (OSError, ValueError, KeyError):
-                raise ConfigError(f"--resume: no checkpoint in {out}")
         if explicit.get("warm_start_only"):
             return warm_start_only(explicit)
+        saved = None
+        if explicit.get("resume") and not explicit.get("overwrite"):
+            explicit["out"] = explicit.get("out") or resolve_config(explicit).out  # never the checkpoint's own out
+            saved = checkpoint.saved_config(explicit["out"])  # None: validate says "no checkpoint"
         cfg = resolve_config(explicit, saved)
         problems = validate(cfg)
         train(cfg, problems)
-    except ConfigError as exc:
+    except (ConfigError, checkpoint.CheckpointError) as exc:
         print(f"train.py: error: {exc}", file=sys.stderr)
         return 2
+    except Diverged as exc:
+        exc.__traceback__ = None  # frees train()'s frame, so its progress bar ends its line before this message
+        rows, last = checkpoint.read_metrics(f"{cfg.out}/metrics.jsonl"), checkpoint.latest_checkpoint(cfg.out)
+        print(f"train.py: error: step {rows[-1]['step'] + 1 if rows else 1}: {exc}; stopped. "
+              + (f"The last good checkpoint is {last}" if last else "No checkpoint was saved"), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:
+        exc.__traceback__ = None
+        print("train.py: interrupted; continue with --resume", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -574,13 +565,12 @@ def warm_start_only(explicit: dict) -> int:
     """--preset tiny --warm-start-only: rebuild the tiny preset's base model (tiny.warm_start) and exit."""
     if explicit.get("preset") != "tiny":
         raise ConfigError("--warm-start-only needs --preset tiny (it builds the tiny preset's base model)")
-    out = explicit.get("out", tiny.WARM_START_DIR)
-    if (os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out))
-            and not os.path.exists(os.path.join(out, "warm_start.json"))):
-        raise ConfigError(f"--warm-start-only: {out} exists and is not a warm start (no warm_start.json); "
-                          "refusing to replace it")
+    _need(0 <= explicit.get("seed", 0) < 2**64, "seed", explicit.get("seed"), "in [0, 2**64)")
     torch.set_num_threads(resolve_config(explicit).cpu_threads or torch.get_num_threads())
-    tiny.warm_start(out, seed=explicit.get("seed", 0))
+    try:
+        out = tiny.rebuild_warm_start(explicit.get("out", tiny.WARM_START_DIR), seed=explicit.get("seed", 0))
+    except FileExistsError as exc:
+        raise ConfigError(f"--warm-start-only: {exc}")
     print(f"train.py: wrote the warm start to {out}")
     return 0
 

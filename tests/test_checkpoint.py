@@ -60,7 +60,7 @@ def test_one_grpo_step_end_to_end(data, tmp_path):
     _run(data, tmp_path / "grpo", "--algo", "grpo", "--steps", "1")
     (row,) = _metrics(tmp_path / "grpo")
     assert row["step"] == 1 and row["train/samples_trained"] > 0
-    assert {"accuracy", "train/loss", "train/grad_norm", "train/entropy_grpo", "rollout/nll_grpo"} <= set(row)
+    assert {"accuracy", "train/loss", "train/grad_norm", "train/entropy_grpo", "rollout/entropy_grpo"} <= set(row)
     assert abs(row["train/importance_ratio_mean"] - 1) < 1e-3  # learner and sampler agree on-policy
     B = [v for (_, k), v in _tensors(tmp_path / "grpo").items() if k.endswith("lora_B.weight")]
     assert len(B) == 2 * 7 * 2 and any(b.abs().max() > 0 for b in B)  # B started at 0: the step moved it

@@ -100,7 +100,7 @@ def test_train_loop_logs_the_kept_normalizer(tmp_path):
 
 COMMON = ["problems_drawn", "problems_kept", "train/grad_norm", "train/importance_ratio_min",
           "train/importance_ratio_mean", "train/importance_ratio_max", "time/rollout_s", "time/train_s",
-          "train/loss", "tokens_generated", "rollout/nll_search", "train/entropy_search"]
+          "train/loss", "tokens_generated", "train/samples_trained", "train/entropy_search"]
 SPIRAL = COMMON + ["search_accuracy", "aggregation_accuracy", "rollout/entropy_search", "rollout/entropy_aggregation",
                    "search_length", "aggregation_length", "search_truncation_rate", "aggregation_truncation_rate",
                    "time/search_s", "time/aggregation_s"]
