@@ -60,34 +60,77 @@ def plot_training(metrics_path: str, png_path: str) -> bool:
     return True
 
 
-def plot_evaluation(summary: dict, path: Path) -> None:
-    """One PNG: accuracy against k, RSA step and max_new_tokens, and every method against tokens generated."""
+def plot_evaluation(summaries: dict[str, dict], path: Path, title: str = "") -> None:
+    """evaluate.py's PNG: the paper's test-time figure kinds, one colour per policy ({label: summary}).
+
+    Panels: pass@k vs k; RSA pass@1 vs step (one line style per population P); accuracy vs the number of
+    parallel traces (majority@k at k, RSA after its last step at P, pass@1 for reference); sequential pass@1 vs
+    max_new_tokens; and every method against the maximum token budget per problem (the paper's x-axis).
+    """
     plt = _pyplot("evaluate.py")
     if plt is None:
         path.unlink(missing_ok=True)  # not a stale plot of an earlier run next to this run's JSON
         return
     import matplotlib.ticker
 
-    curves = {"passk": ("k", "pass_at_k", "pass@k"), "majority": ("k", "accuracy", "majority@k"),
-              "rsa": ("step", "pass_at_1", "RSA pass@1"), "sequential": ("max_new_tokens", "pass_at_1", "sequential")}
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
-    for method, (x, y, label) in curves.items():
-        if method not in summary:
-            continue
-        s = summary[method]
-        ax = axes[{"passk": 0, "majority": 0, "rsa": 1, "sequential": 2}[method]]
-        ax.plot(s[x], s[y], marker="o", label=label)
-        ax.set_xlabel({"k": "k (samples)", "step": "RSA step", "max_new_tokens": "max new tokens"}[x])
-        axes[3].plot(s["tokens"], s[y], marker="o", label=label)
-    titles = ["parallel: pass@k, majority@k", "recursive self-aggregation", "sequential compute", "token usage"]
-    for ax, title in zip(axes, titles):
-        ax.set(ylabel="accuracy", title=title)
+    fig, axes = plt.subplots(1, 5, figsize=(22, 4.4))
+    dashes = ["-", "--", ":", "-."]
+    for colour, (label, s) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], summaries.items()):
+        line = dict(color=colour, marker="o", markersize=4)
+        if "passk" in s:
+            axes[0].plot(s["passk"]["k"], s["passk"]["pass_at_k"], label=label, **line)
+            axes[2].axhline(s["passk"]["pass_at_k"][0], color=colour, linestyle=":", linewidth=1)
+        for i, r in enumerate(s.get("rsa", [])):
+            axes[1].plot(r["step"], r["pass_at_1"], linestyle=dashes[i % 4], label=f"{label} P={r['population']}",
+                         **line)
+            axes[4].plot(r["budget"], r["pass_at_1"], linestyle="-", **line)
+        if s.get("rsa"):
+            rsa = s["rsa"]
+            axes[2].plot([r["population"] for r in rsa], [r["pass_at_1"][-1] for r in rsa], linestyle="-",
+                         label=f"{label} RSA", **line)
+        if "majority" in s:
+            axes[2].plot(s["majority"]["k"], s["majority"]["accuracy"], linestyle="--", label=f"{label} majority",
+                         **{**line, "marker": "s"})
+            axes[4].plot(s["majority"]["budget"], s["majority"]["accuracy"], linestyle="--", **{**line, "marker": "s"})
+        if "sequential" in s:
+            axes[3].plot(s["sequential"]["max_new_tokens"], s["sequential"]["pass_at_1"], label=label, **line)
+            axes[4].plot(s["sequential"]["budget"], s["sequential"]["pass_at_1"], linestyle=":",
+                         **{**line, "marker": "^"})
+    panels = [("pass@k (paper: Pass@k evaluation)", "k, independent attempts", "pass@k (coverage)"),
+              ("RSA (paper: Pass@1 under RSA)", "RSA step", "pass@1"),
+              ("parallel traces (paper: inference methods)", "parallel traces (k or P)",
+               "accuracy (dotted: pass@1)"),
+              ("sequential compute (paper: sequential scaling)", "max new tokens per trace", "pass@1"),
+              ("token usage (paper: compute vs tokens)", "maximum token budget per problem (paper's x-axis)",
+               "accuracy (- RSA, -- majority, : sequential)")]
+    for ax, (name, xlabel, ylabel) in zip(axes, panels):
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(xlabel, fontsize=9)
+        ax.set_ylabel(ylabel, fontsize=9)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    for ax in (axes[0], axes[2], axes[3], axes[4]):
         if ax.lines:
-            ax.legend()
-    for ax in (axes[0], axes[2], axes[3]):
-        ax.set_xscale("log", base=2)
+            ax.set_xscale("log", base=2)
     axes[1].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    axes[3].set_xlabel("tokens generated per problem")
+    if title:
+        fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
     print(f"wrote {path}")
+
+
+def evaluation_curves(summaries: dict[str, dict]):
+    """(curve name, x key, y key, {label: curve}) for every curve that all the summaries hold."""
+    first = next(iter(summaries.values()))
+    names = [("passk", "k", "pass_at_k"), ("majority", "k", "accuracy"), ("sequential", "max_new_tokens", "pass_at_1")]
+    for method, x, y in names:
+        if method in first:
+            curve_of = {label: s[method] for label, s in summaries.items()}
+            yield f"{method} (max_new_tokens {first[method]['max_new_tokens'] if method != 'sequential' else 'L'})", \
+                x, y, curve_of
+    for i, r in enumerate(first.get("rsa", [])):
+        yield f"rsa P={r['population']} k={r['set_size']}", "step", "pass_at_1", \
+            {label: s["rsa"][i] for label, s in summaries.items()}
