@@ -63,61 +63,72 @@ def plot_training(metrics_path: str, png_path: str) -> bool:
 def plot_evaluation(summaries: dict[str, dict], path: Path, title: str = "") -> None:
     """evaluate.py's PNG: the paper's test-time figure kinds, one colour per policy ({label: summary}).
 
-    Panels: pass@k vs k; RSA pass@1 vs step (one line style per population P); accuracy vs the number of
-    parallel traces (majority@k at k, RSA after its last step at P, pass@1 for reference); sequential pass@1 vs
+    Panels: pass@k vs k; RSA pass@1 vs step (one marker per population P); accuracy vs the number of parallel
+    traces (majority@k at k, RSA after its last step at P, pass@1 for reference); sequential pass@1 vs
     max_new_tokens; and every method against the maximum token budget per problem (the paper's x-axis).
     """
     plt = _pyplot("evaluate.py")
     if plt is None:
         path.unlink(missing_ok=True)  # not a stale plot of an earlier run next to this run's JSON
         return
-    import matplotlib.ticker
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
-    fig, axes = plt.subplots(1, 5, figsize=(22, 4.4))
-    dashes = ["-", "--", ":", "-."]
-    for colour, (label, s) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], summaries.items()):
-        line = dict(color=colour, marker="o", markersize=4)
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.2))
+    (passk, rsa, parallel), (sequential, budget, key) = axes
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    populations = sorted({r["population"] for s in summaries.values() for r in s.get("rsa", [])})
+    p_marker = dict(zip(populations, "oDvPX*h" * 3))
+    for colour, (label, s) in zip(colours, summaries.items()):
+        c = dict(color=colour, markersize=4)
         if "passk" in s:
-            axes[0].plot(s["passk"]["k"], s["passk"]["pass_at_k"], label=label, **line)
-            axes[2].axhline(s["passk"]["pass_at_k"][0], color=colour, linestyle=":", linewidth=1)
-        for i, r in enumerate(s.get("rsa", [])):
-            axes[1].plot(r["step"], r["pass_at_1"], linestyle=dashes[i % 4], label=f"{label} P={r['population']}",
-                         **line)
-            axes[4].plot(r["budget"], r["pass_at_1"], linestyle="-", **line)
+            passk.plot(s["passk"]["k"], s["passk"]["pass_at_k"], marker="o", **c)
+            ks = s["passk"]["k"]  # pass@1 for reference, across the same range of traces
+            parallel.plot([ks[0], ks[-1]], [s["passk"]["pass_at_k"][0]] * 2, color=colour, linestyle=":", linewidth=1)
+        for r in s.get("rsa", []):
+            rsa.plot(r["step"], r["pass_at_1"], marker=p_marker[r["population"]], **c)
+            budget.plot(r["budget"], r["pass_at_1"], marker=p_marker[r["population"]], **c)
         if s.get("rsa"):
-            rsa = s["rsa"]
-            axes[2].plot([r["population"] for r in rsa], [r["pass_at_1"][-1] for r in rsa], linestyle="-",
-                         label=f"{label} RSA", **line)
+            parallel.plot([r["population"] for r in s["rsa"]], [r["pass_at_1"][-1] for r in s["rsa"]], marker="o", **c)
         if "majority" in s:
-            axes[2].plot(s["majority"]["k"], s["majority"]["accuracy"], linestyle="--", label=f"{label} majority",
-                         **{**line, "marker": "s"})
-            axes[4].plot(s["majority"]["budget"], s["majority"]["accuracy"], linestyle="--", **{**line, "marker": "s"})
+            parallel.plot(s["majority"]["k"], s["majority"]["accuracy"], linestyle="--", marker="s", **c)
+            budget.plot(s["majority"]["budget"], s["majority"]["accuracy"], linestyle="--", marker="s", **c)
         if "sequential" in s:
-            axes[3].plot(s["sequential"]["max_new_tokens"], s["sequential"]["pass_at_1"], label=label, **line)
-            axes[4].plot(s["sequential"]["budget"], s["sequential"]["pass_at_1"], linestyle=":",
-                         **{**line, "marker": "^"})
-    panels = [("pass@k (paper: Pass@k evaluation)", "k, independent attempts", "pass@k (coverage)"),
-              ("RSA (paper: Pass@1 under RSA)", "RSA step", "pass@1"),
-              ("parallel traces (paper: inference methods)", "parallel traces (k or P)",
-               "accuracy (dotted: pass@1)"),
-              ("sequential compute (paper: sequential scaling)", "max new tokens per trace", "pass@1"),
-              ("token usage (paper: compute vs tokens)", "maximum token budget per problem (paper's x-axis)",
-               "accuracy (- RSA, -- majority, : sequential)")]
-    for ax, (name, xlabel, ylabel) in zip(axes, panels):
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel(xlabel, fontsize=9)
-        ax.set_ylabel(ylabel, fontsize=9)
+            sequential.plot(s["sequential"]["max_new_tokens"], s["sequential"]["pass_at_1"], marker="^", **c)
+            budget.plot(s["sequential"]["budget"], s["sequential"]["pass_at_1"], linestyle=":", marker="^", **c)
+    panels = [(passk, "Pass@k evaluation", "k, independent attempts", "pass@k (coverage)"),
+              (rsa, "Pass@1 under recursive self-aggregation", "RSA step", "pass@1"),
+              (parallel, "Inference methods scaling parallel traces", "parallel traces (majority: k, RSA: P)",
+               "accuracy (RSA: after the last step)"),
+              (sequential, "Scaling sequential compute", "maximum new tokens per trace", "pass@1"),
+              (budget, "Inference compute against token usage", "maximum token budget per problem (paper's x-axis)",
+               "accuracy")]
+    tokens = FuncFormatter(lambda v, _: f"{v / 1024:g}k" if v >= 1024 else f"{v:g}")  # 16k, 64k as in the paper
+    for ax, name, xlabel, ylabel in panels:
+        ax.set_title(f"paper: {name}", fontsize=10)
+        ax.set(xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    for ax in (axes[0], axes[2], axes[3], axes[4]):
-        if ax.lines:
+        xs = sorted({x for line in ax.lines for x in line.get_xdata()})
+        if xs and ax is not rsa:
             ax.set_xscale("log", base=2)
-    axes[1].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+            if ax is not budget:  # few values: tick each one
+                ax.set_xticks(xs)
+            ax.xaxis.set_major_formatter(tokens)
+            ax.xaxis.set_minor_formatter(NullFormatter())
+    rsa.xaxis.set_major_locator(MaxNLocator(integer=True))
+    black = dict(color="black", markersize=5)
+    handles = [Line2D([], [], color=colour, linewidth=3, label=label) for colour, label in zip(colours, summaries)]
+    handles += [Line2D([], [], marker=m, linestyle="-", label=f"RSA, population P={p}", **black)
+                for p, m in p_marker.items()]
+    handles += [Line2D([], [], marker="s", linestyle="--", label="majority@k", **black),
+                Line2D([], [], marker="^", linestyle=":", label="sequential", **black),
+                Line2D([], [], linestyle=":", linewidth=1, label="pass@1 (reference)", **black)]
+    key.legend(handles=handles, loc="center", fontsize=10, frameon=False)
+    key.axis("off")
     if title:
-        fig.suptitle(title, fontsize=11)
+        fig.suptitle(title, fontsize=12)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=72)
     plt.close(fig)
     print(f"wrote {path}")
 

@@ -275,6 +275,12 @@ def test_second_run_reuses_cached_generations_and_only_new_steps_are_generated(t
     assert all(p.startswith("You are given a problem") for p in prompts)
     assert [r["population"] for r in base(sweep)["summary"]["rsa"]] == [2, 3]
     assert base(sweep)["summary"]["rsa"][1] == base(first)["summary"]["rsa"][0]
+    # One more problem: only its traces are new; the first two problems' results are read back unchanged.
+    data = runs.root / "three.jsonl"
+    data.write_text(runs.data.read_text() + json.dumps({"problem": "What is 3 + 3?", "answer": "6"}) + "\n")
+    three, prompts = runs("--data", str(data))
+    assert prompts and all("3 + 3" in p for p in prompts)
+    assert base(three)["problems"][:2] == base(first)["problems"]
 
 
 def test_a_cold_run_an_interrupted_run_and_its_resumption_agree(tiny_runs, monkeypatch, capsys):
@@ -464,6 +470,16 @@ def test_bad_input_is_one_line_and_exit_code_2(flags, message, bad_files, monkey
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("evaluate.py: error:") and message in err
     assert (bad_files / "notes.json").read_text() == '{"my": "thesis"}'
+
+
+def test_out_replaces_an_earlier_result_and_nothing_else(tmp_path):
+    earlier = tmp_path / "earlier.json"  # the format before "written_by" existed
+    earlier.write_text(json.dumps({"config": {}, "summary": {}, "problems": []}))
+    (tmp_path / "earlier.png").write_text("its plot")
+    assert evaluate.parse_args(["--preset", "tiny", "--out", str(earlier)]).cache_dir == str(tmp_path / ".cache")
+    (tmp_path / "figure.png").write_text("someone's figure")
+    with pytest.raises(evaluate.UsageError, match="figure.png exists"):
+        evaluate.parse_args(["--preset", "tiny", "--out", str(tmp_path / "figure.json")])
 
 
 def test_an_adapter_for_another_model_fails_before_generating(tiny_runs, tmp_path, monkeypatch, capsys):
