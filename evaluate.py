@@ -178,7 +178,7 @@ class Sampler:
                         runs.append((j, rest[0], len(rest)))
                     else:
                         runs += [(j, prompt, 1) for prompt in rest]
-                new = {}  # run index -> its traces
+                new = [[] for _ in runs]  # each run's traces
                 for copies in sorted({c for _, _, c in runs}):
                     group = [i for i, (_, _, c) in enumerate(runs) if c == copies]
                     torch.manual_seed(derive_seed([(digests[j], len(traces[j])) for j in todo], copies))
@@ -189,12 +189,14 @@ class Sampler:
                     self.calls += 1
                     for i, row in zip(group, completions):
                         new[i] = [Trace(c.text, len(c.completion_ids), len(c.prompt_ids), c.truncated) for c in row]
+                fresh = {j: [] for j in todo}
+                for (j, _, _), traces_of_run in zip(runs, new):  # in the job's own trace order
+                    fresh[j] += traces_of_run
                 for j in todo:
-                    fresh = [t for i, run in enumerate(runs) if run[0] == j for t in new[i]]
-                    traces[j] = traces[j] + fresh
+                    traces[j] = traces[j] + fresh[j]
                     self.cache.write(keys[j], traces[j])
-                    self.cache.generated += len(fresh)
-                    bar.update(len(fresh))
+                    self.cache.generated += len(fresh[j])
+                    bar.update(len(fresh[j]))
         result = {d: t[: len(p)] for d, t, p in zip(digests, traces, wanted)}
         return [result[digest(key)] for key, _ in jobs]
 
@@ -311,19 +313,6 @@ def summarize(records: list[dict], cfg) -> dict:
             "tokens": [per_trace(L) for L in Ls],
             "truncated": [mean(r["sequential"][L]["truncated"] / n for r in records) for L in Ls], "budget": Ls}
     return summary
-
-
-def format_table(summaries: dict[str, dict]) -> str:
-    """Plain-text tables, one per curve: x, maximum budget, then accuracy and tokens generated of each policy."""
-    lines = []
-    for name, x, y, curve_of in figures.evaluation_curves(summaries):
-        first = next(iter(curve_of.values()))
-        header = [x, "max budget", *(f"{label} {h}" for label in curve_of for h in ("acc", "tokens"))]
-        lines += [f"\n{name}", "  ".join(f"{h:>14}" for h in header)]
-        for i, (xv, budget) in enumerate(zip(first[x], first["budget"])):
-            cells = [xv, budget, *(v for c in curve_of.values() for v in (c[y][i], c["tokens"][i]))]
-            lines.append("  ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{v:>14}" for v in cells))
-    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -522,11 +511,12 @@ def load_policies(cfg) -> dict[str, dict]:
             except Exception as e:  # unknown Hub id, missing directory, no network, not a model
                 raise UsageError(f"cannot load the model {name} of policy {label}: {str(e).splitlines()[0]}") from None
             dtype = DTYPES[cfg.dtype]  # TODO(merge): pass to rollout.load_policy(dtype=...)
-            bases[name] = (model.to(dtype) if dtype is not None else model).eval(), tokenizer
-        model, tokenizer = bases[name]
+            model = (model.to(dtype) if dtype is not None else model).eval()
+            bases[name] = model, tokenizer, model.get_input_embeddings().weight.dtype
+        model, tokenizer, dtype = bases[name]
         search = aggregation = lambda m=model: use_adapter(m, None)  # noqa: E731
         if policy["adapter"]:
-            adapters = [(label, policy["adapter"])]
+            adapters = [(f"policy:{label}", policy["adapter"])]  # not a bare label: ModuleDict has .train
             aggregator_dir = Path(policy["adapter"]) / "aggregator"
             if (aggregator_dir / "adapter_config.json").is_file():
                 adapters.append((f"aggregator:{label}", str(aggregator_dir)))
@@ -538,7 +528,6 @@ def load_policies(cfg) -> dict[str, dict]:
                                      f"{str(e).splitlines()[0][:300]}") from None
             search = lambda m=model, a=adapters[0][0]: use_adapter(m, a)  # noqa: E731
             aggregation = lambda m=model, a=adapters[-1][0]: use_adapter(m, a)  # noqa: E731
-        dtype = next(model.parameters()).dtype
         loaded[label] = {"model": model, "tokenizer": tokenizer, "search_adapter": search,
                          "aggregation_adapter": aggregation, "identity": policy_identity(policy, cfg, dtype)}
     return loaded
@@ -572,7 +561,7 @@ def run(cfg) -> int:
     tmp.write_text(json.dumps({"written_by": "evaluate.py", "config": config, "policies": results}, indent=1))
     os.replace(tmp, out)
     summaries = {label: r["summary"] for label, r in results.items()}
-    print(format_table(summaries))
+    print(figures.evaluation_table(summaries))
     print(f"\n{len(problems)} problems, {len(results)} policies; traces generated: {cache.generated}, read from the "
           f"cache {cache.root}: {cache.reused}; wrote {out}")
     figures.plot_evaluation(summaries, out.with_suffix(".png"), title=f"{cfg.data}, {len(problems)} problems")

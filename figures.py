@@ -134,14 +134,26 @@ def plot_evaluation(summaries: dict[str, dict], path: Path, title: str = "") -> 
 
 
 def evaluation_curves(summaries: dict[str, dict]):
-    """(curve name, x key, y key, {label: curve}) for every curve that all the summaries hold."""
+    """(title, x key, y key, {label: curve}) for each curve of evaluate.py's summaries (all hold the same curves)."""
     first = next(iter(summaries.values()))
-    names = [("passk", "k", "pass_at_k"), ("majority", "k", "accuracy"), ("sequential", "max_new_tokens", "pass_at_1")]
-    for method, x, y in names:
+    for method, x, y in [("passk", "k", "pass_at_k"), ("majority", "k", "accuracy"),
+                         ("sequential", "max_new_tokens", "pass_at_1")]:
         if method in first:
-            curve_of = {label: s[method] for label, s in summaries.items()}
-            yield f"{method} (max_new_tokens {first[method]['max_new_tokens'] if method != 'sequential' else 'L'})", \
-                x, y, curve_of
+            length = "" if method == "sequential" else f", traces of up to {first[method]['max_new_tokens']} tokens"
+            yield method + length, x, y, {label: s[method] for label, s in summaries.items()}
     for i, r in enumerate(first.get("rsa", [])):
-        yield f"rsa P={r['population']} k={r['set_size']}", "step", "pass_at_1", \
-            {label: s["rsa"][i] for label, s in summaries.items()}
+        yield (f"rsa, population P={r['population']}, set size k={r['set_size']}", "step", "pass_at_1",
+               {label: s["rsa"][i] for label, s in summaries.items()})
+
+
+def evaluation_table(summaries: dict[str, dict]) -> str:
+    """Plain-text tables, one per curve: x, maximum budget, then accuracy and tokens generated of each policy."""
+    lines = []
+    for name, x, y, curve_of in evaluation_curves(summaries):
+        first = next(iter(curve_of.values()))
+        header = [x, "max budget", *(f"{label} {h}" for label in curve_of for h in ("acc", "tokens"))]
+        lines += [f"\n{name}", "  ".join(f"{h:>14}" for h in header)]
+        for i, (xv, budget) in enumerate(zip(first[x], first["budget"])):
+            cells = [xv, budget, *(v for c in curve_of.values() for v in (c[y][i], c["tokens"][i]))]
+            lines.append("  ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{v:>14}" for v in cells))
+    return "\n".join(lines)

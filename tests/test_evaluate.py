@@ -355,7 +355,7 @@ def test_adapter_is_a_new_policy_and_the_aggregator_writes_rsa_steps(tiny_runs, 
     identity = result["policies"]["adapter"]["policy"]
     assert identity["model"] == "tiny" and identity["adapter"]  # the adapter's own base model
     assert len(prompts) == 2 * (1 + 3)  # the base model's cached traces are not reused
-    assert active == ["adapter", "aggregator:adapter"]  # search with theta, aggregation with phi, one call each
+    assert active == ["policy:adapter", "aggregator:adapter"]  # search with theta, aggregation with phi, one call each
 
 
 def test_policies_are_compared_on_the_same_problems(tiny_runs, tmp_path, monkeypatch, capsys):
@@ -375,7 +375,7 @@ def test_policies_are_compared_on_the_same_problems(tiny_runs, tmp_path, monkeyp
     assert [r["problem"] for r in tuned["problems"]] == [r["problem"] for r in base["problems"]]
     assert tuned["problems"] != base["problems"] and again["summary"] == tuned["summary"]  # same policy, same key
     table = capsys.readouterr().out
-    assert "base acc" in table and "lora acc" in table and "rsa P=3 k=2" in table
+    assert "base acc" in table and "lora acc" in table and "rsa, population P=3, set size k=2" in table
     assert (tmp_path / "cmp.png").stat().st_size > 10_000
 
 
