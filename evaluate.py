@@ -1,51 +1,35 @@
-"""Test-time compute evaluations of the SPIRAL paper (Section 4, "Experiments").
+"""Test-time compute evaluation of the SPIRAL paper (Section 4): policies side by side, the paper's figure kinds.
 
-The paper's claims are about how each model turns inference compute into accuracy. This script measures
-that for a base model plus an optional LoRA adapter saved by train.py, with four methods:
+Each policy (the base model, or a LoRA adapter saved by train.py, each with a label) runs on the same problems with
+the methods of testtime.py; figures.plot_evaluation overlays the policies in one PNG next to the JSON:
 
-    passk       pass@k, the unbiased estimator of Chen et al. (2021)       figure "Pass@k evaluation on test sets"
-    majority    majority@k (self-consistency) over k search traces          figure "Comparison of inference methods
-                                                                                    scaling parallel traces"
-    rsa         recursive self-aggregation (Venkatraman et al., 2025)       figure "Pass@1 evaluation under RSA"
-    sequential  pass@1 as max_new_tokens grows                              figure "... scaling sequential compute"
+    passk       pass@k vs k (Chen et al. 2021)        figure "Pass@k evaluation on test sets"
+    majority    majority@k vs k                       figure "Comparison of inference methods scaling parallel traces"
+    rsa         pass@1 vs RSA step, per population P  figure "Pass@1 evaluation under RSA"; its last step vs P in
+                                                      "... scaling parallel traces"
+    sequential  pass@1 vs max_new_tokens              figure "Comparison of models under scaling sequential compute"
 
-Every method records the tokens it generated per problem, and the budget it was allowed (traces x
-max_new_tokens, the x-axis of the figure "Comparison of inference compute scaling ... against token usage").
+Every curve records the maximum token budget per problem (traces x max_new_tokens, the x-axis of "Comparison of
+inference compute scaling ... against token usage") and the tokens actually generated.
 
-Choices where the paper is silent, or where this code departs from it:
- 1. One pool of search traces per problem. pass@k, majority@k, RSA step 1 and sequential scaling at
-    L = --max-new-tokens all read the same cached samples of the Search Trace Prompt. They are draws from
-    the same distribution, so each estimate is unbiased; the methods' estimates become correlated, which
-    makes comparisons between them less noisy, and the shared traces are generated once.
- 2. majority@k with n > k samples averages over k-subsets of the n samples: all of them when there are at
-    most --majority-subsets, else that many uniformly random ones. A single "first k" draw has the same
-    expectation and more variance.
- 3. majority@k groups answers by math-verify equivalence (\\frac{1}{2}, 0.5 and 1/2 are one answer), greedily:
-    an answer joins the first group whose first member it is equivalent to (math-verify's equivalence is
-    not guaranteed transitive). A trace without a \\boxed{} answer casts no vote; a subset without any vote
-    counts as wrong. Ties are broken uniformly at random with a seeded generator and counted. The group is
-    graded by its first member's reward.
- 4. RSA sets: the paper says it "partition[s] the traces from the previous level into groups", yet keeps a
-    population of 8 with sets of 4, which a partition cannot do (it gives 2 groups). We follow the RSA paper:
-    each of the P new members independently draws k distinct members of the previous population, so
-    different members may see overlapping or identical sets.
- 5. Sampling is plain temperature sampling (1.0, top-k/top-p off), as in training; the paper does not state
-    its evaluation sampler.
- 6. Sequential scaling samples fresh traces at every budget L (a trace cut at L tokens would be an equally
-    valid sample; we keep the obvious reading of the figure).
- 7. Generations are cached on disk (see TraceCache), keyed by everything that determines them. Torch's RNG
-    is seeded per (key, first sample index) before every generate call, so adding k values, RSA steps or
-    budgets generates only what is missing. Samples 8..15 drawn after 0..7 differ from samples 8..15 of a
-    cold run of 16 (both are valid i.i.d. draws); GPU kernels and batch shapes can change bits anyway.
- 8. Token budgets count every trace generated: RSA through step t costs P * t * max_new_tokens. The paper
-    quotes a 36k minimum for RSA with P=8, k=4 and at least one step, which this accounting does not give
-    (8 x 4096 = 32,768 at step 1, 16 x 4096 = 65,536 through step 2; 9 x 4096 = 36,864 would be 8 search
-    traces plus a single aggregation). Its majority voting used at least 4 traces of up to 16k tokens.
+Choices where the paper is silent, or where this code departs from it (more in testtime.py):
+ 1. One pool of search traces per (problem, trace length L): pass@k, RSA step 1 and sequential at L =
+    --max-new-tokens read the same samples; majority@k reads the pool at --majority-max-new-tokens (paper: >= 4
+    traces of up to 16k tokens, so a budget >= 64k). Estimates are correlated, each one unbiased.
+ 2. Plain temperature sampling (1.0, top-k/top-p off), as in training. Sequential scaling samples afresh at each L.
+ 3. Budgets count every trace: RSA through step t costs P x t x L, so the paper's 36k minimum for RSA (P=8, k=4)
+    does not follow (8 x 4096 = 32,768 at step 1; 65,536 through step 2).
+ 4. Batching and the cache: each stage (one pool, one RSA step) of all problems goes to rollout.generate in calls
+    of at most --tokens-per-call, each seeded from its content. The same command twice gives the same results and
+    the second run generates nothing; more samples, steps, budgets or problems generate only what is missing; a
+    run resumed after Ctrl-C repeats the calls it had not finished. A trace depends on which problems share its
+    call (--limit, --tokens-per-call, --micro-batch-size): every variant is a valid i.i.d. draw.
 
 Run:
-    python evaluate.py --preset tiny                                      # seconds on a CPU
-    python evaluate.py --adapter runs/paper-spiral/adapter --data math500 # the paper's settings, one GPU
-    python evaluate.py --method rsa --rsa-preset rsa-paper --data aime2024 --out runs/eval/rsa.json
+    python evaluate.py --preset tiny                                                  # seconds on a CPU
+    python evaluate.py --preset tiny --policy base=data/tiny_warmstart \\
+        --policy grpo=runs/tiny-grpo/adapter --policy spiral=runs/tiny-spiral/adapter  # the README's comparison
+    python evaluate.py --policy base=Qwen/Qwen3-4B-Instruct-2507 --policy spiral=runs/paper-spiral/adapter
 """
 
 from __future__ import annotations
@@ -53,12 +37,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import itertools
 import json
 import math
 import os
+import re
 import sys
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -68,129 +51,40 @@ import torch
 import figures
 import rollout
 import tiny
-from lora import load_adapter, resolve_base_path, use_adapter
-from reward import answers_equivalent, extract_answer, reward
+from lora import PEFT_PREFIX, load_adapter, resolve_base_path, use_adapter
+from reward import extract_answer, reward
+from testtime import derive_seed, digest, majority_at_k, pass_at_k, recursive_self_aggregation
 
 METHODS = ("passk", "majority", "rsa", "sequential")
 
 # The two presets. Values the paper states are marked; the rest are our choices (one GPU, HF generate).
 PRESETS = {
     "paper": dict(
-        model=rollout.DEFAULT_MODEL,  # paper: Qwen3-4B-Instruct-2507
-        data="math500", limit=None,
-        num_samples=16, max_new_tokens=4096,  # 4096: the paper's training length (majority used up to 16384)
-        temperature=1.0,
-        rsa_population=8, rsa_set_size=4, rsa_steps=5,  # paper: P=8, k=4 (steps: the figure's range is not stated)
+        model=rollout.DEFAULT_MODEL, data="math500", limit=None,  # paper: Qwen3-4B-Instruct-2507
+        num_samples=16, max_new_tokens=4096, temperature=1.0,  # 4096: the paper's training length
+        majority_max_new_tokens=16384,  # paper: majority voting over traces of up to 16k tokens
+        rsa_populations=[4, 8, 16], rsa_set_size=4, rsa_steps=5,  # paper: P=8, k=4; the P sweep and T are ours
         max_tokens_list=[1024, 2048, 4096, 8192, 16384, 32768],  # paper: sequential scaling up to 32k tokens
-        majority_subsets=32, micro_batch_size=None,
-    ),
-    "tiny": dict(  # seconds on a CPU: the tiny preset's warm-started base (train.warm_start_tiny) on its sums task
-        model=tiny.WARM_START_DIR, data="tiny_sums", limit=20,
-        num_samples=8, max_new_tokens=12, temperature=1.0,  # a tiny-task trace is 8 tokens ("3 + 5 = \\boxed{8}")
-        rsa_population=8, rsa_set_size=4, rsa_steps=3,
-        max_tokens_list=[4, 8, 12],
-        majority_subsets=32, micro_batch_size=None,
-    ),
+        majority_subsets=32),
+    "tiny": dict(  # seconds on a CPU: the tiny preset's warm-started base on its sums task
+        model=tiny.WARM_START_DIR, data="tiny_sums", limit=20, temperature=1.0, majority_subsets=32,
+        num_samples=8, max_new_tokens=12, majority_max_new_tokens=12,  # a tiny trace is 8 tokens ("3 + 5 = \\boxed{8}")
+        rsa_populations=[4, 8], rsa_set_size=4, rsa_steps=3, max_tokens_list=[4, 8, 12],
+        micro_batch_size=128),  # on a CPU, batches of ~1,000 short sequences spill the caches (benchmarks/)
 }
 
 RSA_PRESETS = {
-    "spiral": dict(rsa_population=8, rsa_set_size=4),  # the SPIRAL paper's RSA figure
-    "rsa-paper": dict(rsa_population=16, rsa_set_size=4, rsa_steps=10),  # Venkatraman et al. (2025) defaults
+    "spiral": dict(rsa_populations=[8], rsa_set_size=4),  # the SPIRAL paper's RSA figure
+    "rsa-paper": dict(rsa_populations=[16], rsa_set_size=4, rsa_steps=10),  # Venkatraman et al. (2025) defaults
 }
 
 
 class UsageError(Exception):
-    """Bad input: reported as one line on stderr with exit code 2, before any model is loaded."""
-
-
-def _digest(obj) -> str:
-    """A stable hex digest of any JSON-able object (Python's hash() changes between processes)."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
-
-
-def derive_seed(*parts) -> int:
-    """A 63-bit seed determined by `parts`, so that each (problem, stage, step) has its own random stream."""
-    return int(_digest(parts)[:16], 16) & (2**63 - 1)
+    """Bad input: reported as one line on stderr with exit code 2, before anything is generated."""
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 1. The estimators (pure functions)
-
-
-def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
-    """Unbiased pass@k (paper figure "Pass@k evaluation"; Chen et al. 2021, eq. 1): 1 - C(n-c, k) / C(n, k).
-
-    The probability that k of the n samples, drawn without replacement, contain a correct one. Computed as
-    1 - prod_{i=n-c+1}^{n} (1 - k/i), which never forms the huge binomials (n in the thousands is fine).
-    """
-    n, c = num_samples, num_correct
-    if not 0 <= c <= n:
-        raise ValueError(f"need 0 <= num_correct <= num_samples, got num_correct={c}, num_samples={n}")
-    if not 1 <= k <= n:
-        raise ValueError(f"need 1 <= k <= num_samples, got k={k}, num_samples={n}")
-    if n - c < k:  # every k-subset holds a correct sample
-        return 1.0
-    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
-def cluster_answers(answers: list[str | None], equivalent=None) -> list[int | None]:
-    """Group id per answer by math-verify equivalence (None stays None: no answer, no vote). See note 3."""
-    equivalent = equivalent or answers_equivalent
-    representatives: list[str] = []  # first member of each group
-    group_of: dict[str, int] = {}  # exact strings seen before (saves math-verify calls)
-    ids: list[int | None] = []
-    for answer in answers:
-        if answer is not None and answer not in group_of:
-            match = (g for g, rep in enumerate(representatives) if equivalent(rep, answer))
-            group_of[answer] = next(match, len(representatives))
-            if group_of[answer] == len(representatives):
-                representatives.append(answer)
-        ids.append(None if answer is None else group_of[answer])
-    return ids
-
-
-def majority_vote(group_ids: list[int | None], rng: np.random.Generator) -> tuple[int | None, bool]:
-    """(winning group, whether a tie was broken at random); (None, False) when nobody voted."""
-    votes = Counter(g for g in group_ids if g is not None)
-    if not votes:
-        return None, False
-    top = max(votes.values())
-    leaders = sorted(g for g, v in votes.items() if v == top)
-    return int(rng.choice(leaders)), len(leaders) > 1
-
-
-def majority_at_k(answers, correct, ks, *, rng, equivalent=None, num_subsets=32) -> dict[int, dict]:
-    """majority@k (paper figure "Comparison of inference methods scaling parallel traces"), for each k in ks.
-
-    answers[i] is sample i's extracted answer (or None), correct[i] its reward. Returns, per k, the accuracy
-    of the majority answer averaged over k-subsets (note 2), the number of subsets voted on, and how many of
-    those votes were ties broken at random.
-    """
-    n = len(answers)
-    group_ids = cluster_answers(answers, equivalent)
-    group_correct: dict[int, bool] = {}
-    for g, ok in zip(group_ids, correct):
-        if g is not None:
-            group_correct.setdefault(g, bool(ok))  # a group is graded by its first member
-    results = {}
-    for k in ks:
-        if not 1 <= k <= n:
-            raise ValueError(f"need 1 <= k <= number of samples, got k={k}, samples={n}")
-        if math.comb(n, k) <= num_subsets:
-            subsets_S_k = list(itertools.combinations(range(n), k))
-        else:
-            subsets_S_k = [rng.choice(n, size=k, replace=False) for _ in range(num_subsets)]
-        hits = ties = 0
-        for subset in subsets_S_k:
-            winner, tied = majority_vote([group_ids[i] for i in subset], rng)
-            hits += winner is not None and group_correct[winner]
-            ties += tied
-        results[k] = {"accuracy": hits / len(subsets_S_k), "votes": len(subsets_S_k), "ties": ties}
-    return results
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 2. Generation with an on-disk cache
+# 1. Generation: an on-disk cache, and a sampler that batches every problem of a stage
 
 
 @dataclass
@@ -204,111 +98,127 @@ class Trace:
 
 
 class TraceCache:
-    """Generations on disk: one JSON file per key, holding a list of traces that only ever grows.
+    """Generations on disk: one JSON file per key, a list of traces that only ever grows.
 
-    get(key, count, make) returns the first `count` traces, calling make(start, count) for the missing
-    ones. The key holds everything that determines a trace (model, adapter, seed, temperature, stage,
-    prompt hash, max_new_tokens, ...). root=None keeps nothing.
+    A key holds everything that determines its traces (policy, seed, temperature, dtype, stage, prompt hash,
+    max_new_tokens). An unreadable file is named in a warning and its traces are generated again.
     """
 
-    def __init__(self, root: str | Path | None):
-        self.root = Path(root) if root is not None else None
-        self.generated = 0  # traces generated by this object
-        self.reused = 0  # traces it read from disk
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.generated = 0  # traces generated through this object
+        self.reused = 0  # traces read from disk
 
-    def get(self, key: dict, count: int, make) -> list[Trace]:
-        path = self.root / f"{_digest(key)[:32]}.json" if self.root else None
-        traces = []
-        if path is not None and path.exists():
-            traces = [Trace(**t) for t in json.loads(path.read_text())["traces"]]
-        self.reused += min(len(traces), count)
-        if len(traces) < count:
-            new = make(len(traces), count)
-            traces += new
-            self.generated += len(new)
-            if path is not None:  # write-then-rename: an interrupted run never leaves a broken file
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(json.dumps({"key": key, "traces": [asdict(t) for t in traces]}))
-                os.replace(tmp, path)
-        return traces[:count]
+    def path(self, key: dict) -> Path:
+        return self.root / f"{digest(key)[:32]}.json"
+
+    def read(self, key: dict) -> list[Trace]:
+        path = self.path(key)
+        if not path.exists():
+            return []
+        try:
+            stored = json.loads(path.read_text())
+            if stored["key"] != key:
+                raise ValueError("it holds another key")
+            return [Trace(**t) for t in stored["traces"]]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            print(f"warning: corrupted cache file {path} ({type(e).__name__}: {str(e)[:80]}); generating its traces "
+                  "again", file=sys.stderr)
+            return []
+
+    def write(self, key: dict, traces: list[Trace]) -> None:
+        path, tmp = self.path(key), self.path(key).with_suffix(f".tmp{os.getpid()}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"key": key, "traces": [asdict(t) for t in traces]}))
+        os.replace(tmp, path)  # write-then-rename: an interrupted run never leaves a torn file
+
+
+def plan_calls(sizes: list[int], per_call: int) -> list[list[int]]:
+    """Consecutive job indices packed into calls of at most `per_call` traces (a bigger job gets a call alone)."""
+    calls, current, used = [], [], 0
+    for j, size in enumerate(sizes):
+        if current and used + size > per_call:
+            calls.append(current)
+            current, used = [], 0
+        current.append(j)
+        used += size
+    return calls + [current] if current else calls
 
 
 class Sampler:
-    """Samples traces from one policy through the cache; `identity` names the policy and sampling settings."""
+    """Samples one policy's traces for many problems at once, through the cache (note 4)."""
 
-    def __init__(self, model, tokenizer, cache: TraceCache, identity: dict, micro_batch_size: int | None = None,
-                 aggregation_adapter=None):
-        self.model, self.tokenizer, self.cache = model, tokenizer, cache
-        self.identity, self.micro_batch_size = identity, micro_batch_size
-        # Two-model variant (train.py --separate-aggregator): aggregation traces come from adapter phi.
-        self.aggregation_adapter = aggregation_adapter or contextlib.nullcontext
+    def __init__(self, model, tokenizer, cache: TraceCache, identity: dict, *, tokens_per_call: int,
+                 micro_batch_size: int | None = None, search_adapter=None, aggregation_adapter=None):
+        self.model, self.tokenizer, self.cache, self.identity = model, tokenizer, cache, identity
+        self.tokens_per_call, self.micro_batch_size = tokens_per_call, micro_batch_size
+        self.search_adapter = search_adapter or contextlib.nullcontext  # which LoRA adapter is active (None: base)
+        self.aggregation_adapter = aggregation_adapter or self.search_adapter  # two-model variant: phi != theta
+        self.calls = 0  # rollout.generate calls made
 
-    def _generate(self, key, prompts, samples_per_prompt, max_new_tokens, start) -> list[Trace]:
-        torch.manual_seed(derive_seed(key, start))  # also seeds CUDA: the same key and start give the same traces
-        completions = rollout.generate(
-            self.model, self.tokenizer, prompts, samples_per_prompt=samples_per_prompt,
-            max_new_tokens=max_new_tokens, temperature=self.identity["temperature"],
-            micro_batch_size=self.micro_batch_size,
-        )
-        return [Trace(c.text, len(c.completion_ids), len(c.prompt_ids), c.truncated)
-                for row in completions for c in row]
+    def _fill(self, jobs: list[tuple[dict, list[str]]], max_new_tokens: int, desc: str) -> list[list[Trace]]:
+        """Each job's traces; job = (cache key, the prompt of each trace). The missing ones are generated."""
+        from tqdm.auto import tqdm
 
-    def search(self, problem: str, count: int, max_new_tokens: int) -> list[Trace]:
-        """Traces 0..count-1 from the Search Trace Prompt (shared by every method, note 1)."""
-        prompt = rollout.search_prompt(problem)
-        key = {**self.identity, "stage": "search", "prompt": _digest(prompt), "max_new_tokens": max_new_tokens}
-        return self.cache.get(key, count, lambda start, stop: self._generate(key, [prompt], stop - start,
-                                                                             max_new_tokens, start))
+        unique = {digest(key): (key, prompts) for key, prompts in jobs}  # a repeated problem is one job
+        digests, keys, wanted = list(unique), [k for k, _ in unique.values()], [p for _, p in unique.values()]
+        traces = [self.cache.read(key) for key in keys]
+        self.cache.reused += sum(min(len(t), len(p)) for t, p in zip(traces, wanted))
+        missing = sum(max(0, len(p) - len(t)) for t, p in zip(traces, wanted))
+        # Calls are planned on the whole request, cached or not: a resumed run repeats a cold run's calls exactly.
+        calls = plan_calls([len(p) for p in wanted], max(1, self.tokens_per_call // max_new_tokens))
+        with tqdm(total=missing, desc=desc, unit="trace", disable=None if missing else True) as bar:
+            for call in calls:
+                todo = [j for j in call if len(traces[j]) < len(wanted[j])]
+                runs = []  # (job, prompt, copies)
+                for j in todo:
+                    rest = wanted[j][len(traces[j]):]
+                    if len(set(rest)) == 1:  # a search pool: copies of one prompt share one prefill in generate
+                        runs.append((j, rest[0], len(rest)))
+                    else:
+                        runs += [(j, prompt, 1) for prompt in rest]
+                new = [[] for _ in runs]  # each run's traces
+                for copies in sorted({c for _, _, c in runs}):
+                    group = [i for i, (_, _, c) in enumerate(runs) if c == copies]
+                    torch.manual_seed(derive_seed([(digests[j], len(traces[j])) for j in todo], copies))
+                    completions = rollout.generate(
+                        self.model, self.tokenizer, [runs[i][1] for i in group], samples_per_prompt=copies,
+                        max_new_tokens=max_new_tokens, temperature=self.identity["temperature"],
+                        micro_batch_size=self.micro_batch_size)
+                    self.calls += 1
+                    for i, row in zip(group, completions):
+                        new[i] = [Trace(c.text, len(c.completion_ids), len(c.prompt_ids), c.truncated) for c in row]
+                fresh = {j: [] for j in todo}
+                for (j, _, _), traces_of_run in zip(runs, new):  # in the job's own trace order
+                    fresh[j] += traces_of_run
+                for j in todo:
+                    traces[j] = traces[j] + fresh[j]
+                    self.cache.write(keys[j], traces[j])
+                    self.cache.generated += len(fresh[j])
+                    bar.update(len(fresh[j]))
+        result = {d: t[: len(p)] for d, t, p in zip(digests, traces, wanted)}
+        return [result[digest(key)] for key, _ in jobs]
 
-    def aggregate(self, step: int, prompts: list[str], max_new_tokens: int) -> list[Trace]:
-        """One trace per aggregation prompt (one RSA step). The key hashes the prompts: it covers the history."""
-        key = {**self.identity, "stage": f"rsa-step{step}", "prompts": _digest(prompts),
-               "max_new_tokens": max_new_tokens}
+    def search(self, problems: list[str], count: int, max_new_tokens: int) -> list[list[Trace]]:
+        """Traces 0..count-1 of the Search Trace Prompt for each problem: the pool at this L (note 1)."""
+        jobs = []
+        for problem in problems:
+            prompt = rollout.search_prompt(problem)
+            key = {**self.identity, "stage": "search", "prompt": digest(prompt), "max_new_tokens": max_new_tokens}
+            jobs.append((key, [prompt] * count))
+        with self.search_adapter():
+            return self._fill(jobs, max_new_tokens, f"search L={max_new_tokens}")
+
+    def aggregate(self, step: int, prompts_R: list[list[str]], max_new_tokens: int) -> list[list[Trace]]:
+        """One trace per Aggregation Trace Prompt, for every RSA run of one step; the key hashes the prompts."""
+        jobs = [({**self.identity, "stage": f"rsa-step{step}", "prompts": digest(prompts),
+                  "max_new_tokens": max_new_tokens}, prompts) for prompts in prompts_R]
         with self.aggregation_adapter():
-            return self.cache.get(key, len(prompts), lambda start, stop: self._generate(key, prompts[start:stop], 1,
-                                                                                        max_new_tokens, start))
+            return self._fill(jobs, max_new_tokens, f"RSA step {step}")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 3. Recursive self-aggregation
-
-
-def draw_rsa_sets(population: int, set_size: int, rng: np.random.Generator) -> np.ndarray:
-    """RSA's subsampling (note 4): row j lists the k distinct members of the previous population that new
-    member j aggregates. Rows are drawn independently. Returns int array sets_P_k of shape (P, k)."""
-    if not 1 <= set_size <= population:
-        raise ValueError(f"need 1 <= set_size <= population, got set_size={set_size}, population={population}")
-    return np.stack([rng.choice(population, size=set_size, replace=False) for _ in range(population)])
-
-
-@dataclass
-class RSAStep:
-    step: int  # 1 = independent search traces
-    sets_P_k: list[list[int]] | None  # row j: indices into step t-1's population that trace j aggregated
-    traces: list[Trace]  # the P members of this step's population
-
-
-def recursive_self_aggregation(problem: str, *, population: int, set_size: int, steps: int, seed: int,
-                               search, aggregate) -> list[RSAStep]:
-    """Recursive self-aggregation (paper figure "Pass@1 evaluation under RSA"; Venkatraman et al. 2025).
-
-    Step 1: P independent search traces, search(P). Step t > 1: P new traces, aggregate(t, prompts), each from
-    the Aggregation Trace Prompt over k members of step t-1. Set draws are seeded per (problem, step), so
-    a longer run repeats the shorter run's steps exactly (and finds them in the cache).
-    """
-    history = [RSAStep(1, None, search(population))]
-    for t in range(2, steps + 1):
-        rng = np.random.default_rng(derive_seed("rsa-sets", seed, problem, population, set_size, t))
-        sets_P_k = draw_rsa_sets(population, set_size, rng)
-        previous = history[-1].traces
-        prompts = [rollout.aggregation_prompt(problem, [previous[i].text for i in row]) for row in sets_P_k]
-        history.append(RSAStep(t, sets_P_k.tolist(), aggregate(t, prompts)))
-    return history
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 4. One problem, every requested method
+# 2. One policy: every method, stage by stage over all problems
 
 
 def _graded(traces: list[Trace], gold: str) -> list[dict]:
@@ -316,100 +226,96 @@ def _graded(traces: list[Trace], gold: str) -> list[dict]:
              "tokens": t.num_tokens, "truncated": t.truncated} for t in traces]
 
 
-def evaluate_problem(problem, sampler: Sampler, cfg) -> dict:
+def pool_sizes(cfg) -> dict[int, int]:
+    """Search traces needed per problem at each trace length L (note 1)."""
+    need: dict[int, int] = {}
+    wants = [(cfg.max_new_tokens, cfg.num_samples)] if "passk" in cfg.methods else []
+    wants += [(cfg.majority_max_new_tokens, cfg.num_samples)] if "majority" in cfg.methods else []
+    wants += [(cfg.max_new_tokens, max(cfg.rsa_populations))] if "rsa" in cfg.methods else []
+    wants += [(length, cfg.num_samples) for length in cfg.max_tokens_list] if "sequential" in cfg.methods else []
+    for length, count in wants:
+        need[length] = max(need.get(length, 0), count)
+    return need
+
+
+def evaluate_policy(problems, sampler: Sampler, cfg) -> list[dict]:
     """Raw per-problem results of every method in cfg.methods (token counts included)."""
-    record = {"id": problem.id, "problem": problem.problem, "answer": problem.answer}
-    if {"passk", "majority"} & set(cfg.methods):
-        samples = _graded(sampler.search(problem.problem, cfg.num_samples, cfg.max_new_tokens), problem.answer)
-        correct = [s["correct"] for s in samples]
-        record["samples"] = samples
-        record["tokens"] = sum(s["tokens"] for s in samples)
+    texts, n = [p.problem for p in problems], cfg.num_samples
+    pools = {length: sampler.search(texts, count, length) for length, count in pool_sizes(cfg).items()}
+    records = []
+    for i, problem in enumerate(problems):
+        graded = {length: _graded(pool[i], problem.answer) for length, pool in pools.items()}
+        record = {"id": problem.id, "problem": problem.problem, "answer": problem.answer, "pools": graded}
         if "passk" in cfg.methods:
-            record["pass_at_k"] = {k: pass_at_k(len(samples), sum(correct), k) for k in cfg.k_list}
+            correct = sum(s["correct"] for s in graded[cfg.max_new_tokens][:n])
+            record["pass_at_k"] = {k: pass_at_k(n, correct, k) for k in cfg.k_list}
         if "majority" in cfg.methods:
+            samples = graded[cfg.majority_max_new_tokens][:n]
             rng = np.random.default_rng(derive_seed("majority", cfg.seed, problem.problem))
-            record["majority"] = majority_at_k([s["answer"] for s in samples], correct, cfg.k_list, rng=rng,
-                                               num_subsets=cfg.majority_subsets)
+            record["majority"] = majority_at_k([s["answer"] for s in samples], [s["correct"] for s in samples],
+                                               cfg.k_list, rng=rng, num_subsets=cfg.majority_subsets)
+        if "sequential" in cfg.methods:
+            record["sequential"] = {L: {"pass_at_1": float(np.mean([s["correct"] for s in graded[L][:n]])),
+                                        "truncated": sum(s["truncated"] for s in graded[L][:n])}
+                                    for L in cfg.max_tokens_list}
+        records.append(record)
     if "rsa" in cfg.methods:
-        history = recursive_self_aggregation(
-            problem.problem, population=cfg.rsa_population, set_size=cfg.rsa_set_size, steps=cfg.rsa_steps,
-            seed=cfg.seed, search=lambda count: sampler.search(problem.problem, count, cfg.max_new_tokens),
-            aggregate=lambda t, prompts: sampler.aggregate(t, prompts, cfg.max_new_tokens))
-        record["rsa"] = []
-        for step in history:
-            graded = _graded(step.traces, problem.answer)
-            record["rsa"].append({
-                "step": step.step, "sets": step.sets_P_k, "pass_at_1": float(np.mean([g["correct"] for g in graded])),
-                "tokens": sum(g["tokens"] for g in graded),
-                "prompt_tokens": sum(t.prompt_tokens for t in step.traces), "samples": graded})
-    if "sequential" in cfg.methods:
-        record["sequential"] = {}
-        for budget in cfg.max_tokens_list:
-            graded = _graded(sampler.search(problem.problem, cfg.num_samples, budget), problem.answer)
-            record["sequential"][budget] = {
-                "pass_at_1": float(np.mean([g["correct"] for g in graded])),
-                "tokens": sum(g["tokens"] for g in graded), "truncated": sum(g["truncated"] for g in graded),
-                "samples": graded}
-    return record
+        runs = [(text, P) for P in cfg.rsa_populations for text in texts]  # every P and problem in one stage
+        histories = recursive_self_aggregation(
+            runs, set_size=cfg.rsa_set_size, steps=cfg.rsa_steps, seed=cfg.seed,
+            search=lambda r: pools[cfg.max_new_tokens][r % len(texts)][: runs[r][1]],
+            aggregate=lambda t, prompts_R: sampler.aggregate(t, prompts_R, cfg.max_new_tokens))
+        for r, history in enumerate(histories):
+            record = records[r % len(texts)]
+            steps = []
+            for step in history:
+                graded = _graded(step.traces, record["answer"])
+                steps.append({"step": step.step, "sets": step.sets_P_k,
+                              "pass_at_1": float(np.mean([g["correct"] for g in graded])),
+                              "tokens": sum(g["tokens"] for g in graded),
+                              "prompt_tokens": sum(t.prompt_tokens for t in step.traces), "samples": graded})
+            record.setdefault("rsa", {})[runs[r][1]] = steps
+    return records
 
 
 def summarize(records: list[dict], cfg) -> dict:
-    """Means over problems. tokens = generated per problem; budget = traces x max_new_tokens per problem."""
+    """Means over problems. tokens: generated per problem; budget: traces x max_new_tokens per problem."""
     mean = lambda xs: float(np.mean(list(xs)))  # noqa: E731
-    summary = {}
-    if "samples" in records[0]:
-        per_trace = mean(r["tokens"] / cfg.num_samples for r in records)
-        tokens = [k * per_trace for k in cfg.k_list]
-        budget = [k * cfg.max_new_tokens for k in cfg.k_list]
+    n, summary = cfg.num_samples, {}
+
+    def per_trace(length):  # mean tokens of one trace of the pool at this length
+        return mean(s["tokens"] for r in records for s in r["pools"][length][:n])
+
     if "passk" in cfg.methods:
-        summary["passk"] = {"k": cfg.k_list, "pass_at_k": [mean(r["pass_at_k"][k] for r in records)
-                                                           for k in cfg.k_list], "tokens": tokens, "budget": budget}
+        L = cfg.max_new_tokens
+        summary["passk"] = {"k": cfg.k_list, "pass_at_k": [mean(r["pass_at_k"][k] for r in records) for k in cfg.k_list],
+                            "tokens": [k * per_trace(L) for k in cfg.k_list], "budget": [k * L for k in cfg.k_list],
+                            "max_new_tokens": L}
     if "majority" in cfg.methods:
+        L, ks = cfg.majority_max_new_tokens, cfg.k_list
         summary["majority"] = {
-            "k": cfg.k_list, "accuracy": [mean(r["majority"][k]["accuracy"] for r in records) for k in cfg.k_list],
-            "ties": [sum(r["majority"][k]["ties"] for r in records) for k in cfg.k_list],
-            "votes": [sum(r["majority"][k]["votes"] for r in records) for k in cfg.k_list],
-            "tokens": tokens, "budget": budget}
+            "k": ks, "accuracy": [mean(r["majority"][k]["accuracy"] for r in records) for k in ks],
+            "ties": [sum(r["majority"][k]["ties"] for r in records) for k in ks],
+            "votes": [sum(r["majority"][k]["votes"] for r in records) for k in ks],
+            "tokens": [k * per_trace(L) for k in ks], "budget": [k * L for k in ks], "max_new_tokens": L}
     if "rsa" in cfg.methods:
         steps = list(range(1, cfg.rsa_steps + 1))
-        summary["rsa"] = {
-            "step": steps, "population": cfg.rsa_population, "set_size": cfg.rsa_set_size,
-            "pass_at_1": [mean(r["rsa"][t - 1]["pass_at_1"] for r in records) for t in steps],
-            "tokens": [mean(sum(s["tokens"] for s in r["rsa"][:t]) for r in records) for t in steps],  # cumulative
-            "budget": [cfg.rsa_population * t * cfg.max_new_tokens for t in steps]}
+        summary["rsa"] = [{
+            "population": P, "set_size": cfg.rsa_set_size, "step": steps, "max_new_tokens": cfg.max_new_tokens,
+            "pass_at_1": [mean(r["rsa"][P][t - 1]["pass_at_1"] for r in records) for t in steps],
+            "tokens": [mean(sum(s["tokens"] for s in r["rsa"][P][:t]) for r in records) for t in steps],  # cumulative
+            "budget": [P * t * cfg.max_new_tokens for t in steps]} for P in cfg.rsa_populations]
     if "sequential" in cfg.methods:
-        budgets = cfg.max_tokens_list
+        Ls = cfg.max_tokens_list
         summary["sequential"] = {
-            "max_new_tokens": budgets,
-            "pass_at_1": [mean(r["sequential"][b]["pass_at_1"] for r in records) for b in budgets],
-            "tokens": [mean(r["sequential"][b]["tokens"] / cfg.num_samples for r in records) for b in budgets],
-            "truncated": [mean(r["sequential"][b]["truncated"] / cfg.num_samples for r in records) for b in budgets],
-            "budget": budgets}
+            "max_new_tokens": Ls, "pass_at_1": [mean(r["sequential"][L]["pass_at_1"] for r in records) for L in Ls],
+            "tokens": [per_trace(L) for L in Ls],
+            "truncated": [mean(r["sequential"][L]["truncated"] / n for r in records) for L in Ls], "budget": Ls}
     return summary
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 5. Reporting
-
-
-def format_table(summary: dict) -> str:
-    """The summary as plain-text tables, one per method."""
-    columns = {"passk": ("k", "pass_at_k"), "majority": ("k", "accuracy", "ties"),
-               "rsa": ("step", "pass_at_1"), "sequential": ("max_new_tokens", "pass_at_1", "truncated")}
-    lines = []
-    for method, cols in columns.items():
-        if method not in summary:
-            continue
-        s = summary[method]
-        header = [*cols, "tokens/problem", "budget/problem"]
-        lines += [f"\n{method}", "  ".join(f"{h:>14}" for h in header)]
-        for row in zip(*(s[c] for c in cols), s["tokens"], s["budget"]):
-            lines.append("  ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{v:>14}" for v in row))
-    return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 6. Command line
+# 3. Command line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -428,9 +334,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     """Flags, then preset values for every flag left unset, then validation (UsageError on bad input)."""
     p = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=PRESETS, default="paper", help="defaults for every flag below (default paper)")
-    p.add_argument("--model", help=f"Hub id, local directory, or 'tiny' (paper: {rollout.DEFAULT_MODEL}); "
-                                   "with --adapter, defaults to the adapter's base model")
-    p.add_argument("--adapter", help="LoRA adapter directory written by train.py (adapter_config.json + weights)")
+    p.add_argument("--policy", action="append", metavar="LABEL=PATH",
+                   help="a policy to evaluate (repeat to compare): an adapter directory from train.py, applied to "
+                        "--model or its own base, or a model (Hub id, directory, 'tiny'); default: base=--model")
+    p.add_argument("--adapter", help="shorthand for --policy adapter=PATH")
+    p.add_argument("--model", help=f"base model of the adapters: Hub id, local directory, or 'tiny' (paper: "
+                                   f"{rollout.DEFAULT_MODEL}); default: each adapter's own base")
+    p.add_argument("--dtype", choices=["auto", *rollout.DTYPES], default="auto", help="auto: bf16 on a GPU, fp32 on a CPU")
     p.add_argument("--data", help="bundled name (math500, aime2024), a JSONL file, or a Hub dataset id")
     p.add_argument("--limit", type=int, help="evaluate the first N problems only")
     p.add_argument("--method", choices=[*METHODS, "all"], default="all")
@@ -439,16 +349,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-samples", type=int, help="search traces per problem (pass@k, majority@k, sequential)")
     p.add_argument("--k-list", type=_ints, help="k values for pass@k/majority@k (default 1,2,4,... and n)")
-    p.add_argument("--max-new-tokens", type=int, help="per-trace limit for pass@k, majority@k and RSA")
+    p.add_argument("--max-new-tokens", type=int, help="trace length L for pass@k and RSA")
+    p.add_argument("--majority-max-new-tokens", type=int, help="trace length for majority@k (paper: 16384)")
     p.add_argument("--temperature", type=float)
     p.add_argument("--rsa-preset", choices=RSA_PRESETS, help="spiral: P=8, k=4; rsa-paper: P=16, k=4, T=10")
-    p.add_argument("--rsa-population", type=int, help="P, traces per RSA step")
+    p.add_argument("--rsa-populations", type=_ints, help="population sizes P to sweep, e.g. 4,8,16")
     p.add_argument("--rsa-set-size", type=int, help="k, members aggregated by each new trace")
     p.add_argument("--rsa-steps", type=int, help="T, steps including the first (search) step")
-    p.add_argument("--max-tokens-list", type=_ints, help="budgets for sequential scaling, e.g. 1024,2048,4096")
+    p.add_argument("--max-tokens-list", type=_ints, help="budgets L for sequential scaling, e.g. 1024,2048,4096")
     p.add_argument("--majority-subsets", type=int, help="k-subsets averaged per majority@k value")
+    p.add_argument("--tokens-per-call", type=int, default=2**21,
+                   help="traces x max_new_tokens per rollout.generate call; the cache is written after each call")
     p.add_argument("--micro-batch-size", type=int,
-                   help="sequences per generate call (default: rollout.generate picks by token count)")
+                   help="sequences per model.generate (default: rollout.generate picks by token count)")
     cfg = p.parse_args(argv)
 
     explicit = {k for k, v in vars(cfg).items() if v is not None}
@@ -463,102 +376,208 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _validate(cfg) -> None:
-    positive = ["num_samples", "max_new_tokens", "rsa_population", "rsa_set_size", "rsa_steps",
-                "majority_subsets", "limit", "micro_batch_size"]
+    positive = ["num_samples", "max_new_tokens", "majority_max_new_tokens", "rsa_set_size", "rsa_steps",
+                "majority_subsets", "limit", "micro_batch_size", "tokens_per_call"]
     for name in positive:
         value = getattr(cfg, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     if cfg.k_list is None:  # 1, 2, 4, ... and the number of samples itself
         cfg.k_list = sorted({2**i for i in range(cfg.num_samples.bit_length())} | {cfg.num_samples})
-    for name in ["k_list", "max_tokens_list"]:
+    for name in ["k_list", "max_tokens_list", "rsa_populations"]:
         if min(getattr(cfg, name)) < 1:
             raise UsageError(f"--{name.replace('_', '-')} values must be positive, got {getattr(cfg, name)}")
-    if not cfg.temperature > 0:
-        raise UsageError(f"--temperature must be positive, got {cfg.temperature}")
+        setattr(cfg, name, sorted(set(getattr(cfg, name))))
+    if not 1e-4 <= cfg.temperature < math.inf:
+        raise UsageError(f"--temperature must be a finite number >= 1e-4, got {cfg.temperature}")
     if {"passk", "majority"} & set(cfg.methods) and max(cfg.k_list) > cfg.num_samples:
         raise UsageError(f"k={max(cfg.k_list)} in --k-list is larger than the {cfg.num_samples} samples drawn "
                          f"(--num-samples)")
-    if "rsa" in cfg.methods and cfg.rsa_population < cfg.rsa_set_size:
-        raise UsageError(f"RSA population P={cfg.rsa_population} is smaller than the set size k={cfg.rsa_set_size}")
-    if cfg.adapter is not None:
-        if not (Path(cfg.adapter) / "adapter_config.json").is_file():
-            raise UsageError(f"--adapter {cfg.adapter}: no adapter_config.json there (expected train.py's adapter dir)")
-        base = resolve_base_path(cfg.adapter)  # train.py stores a base inside the run directory as "../base"
-        if not cfg.model_explicit and base:
-            cfg.model = base
-        elif base and base != cfg.model:
-            print(f"warning: adapter was trained on {base}, evaluating it on {cfg.model}", file=sys.stderr)
+    if "rsa" in cfg.methods and min(cfg.rsa_populations) < cfg.rsa_set_size:
+        raise UsageError(f"RSA population P={min(cfg.rsa_populations)} is smaller than the set size "
+                         f"k={cfg.rsa_set_size}")
+    cfg.policies = _resolve_policies(cfg)
+    _check_out(cfg)
 
 
-def policy_identity(cfg) -> dict:
-    """What the cache keys traces by: model, adapter (hash of its files), seed and sampling settings."""
-    model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model
-    adapter = None
-    if cfg.adapter:  # the adapter's bytes, so a retrained adapter in the same directory is a new policy
+def _resolve_policies(cfg) -> list[dict]:
+    """[{label, model, adapter}] from --policy/--adapter/--model, with the adapters' files checked."""
+    specs = [(*s.partition("=")[::2], f"--policy {s}") if "=" in s else (None, s, f"--policy {s}")
+             for s in cfg.policy or []]
+    specs += [("adapter", cfg.adapter, f"--adapter {cfg.adapter}")] if cfg.adapter else []
+    policies = []
+    for label, path, flag in specs or [("base", cfg.model, f"--model {cfg.model}")]:
+        if label is None or not re.fullmatch(r"[A-Za-z0-9_-]+", label):
+            raise UsageError(f"{flag}: expected LABEL=PATH with a label of letters, digits, _ or -")
+        if label in (p["label"] for p in policies):
+            raise UsageError(f"{flag}: the label {label!r} is used twice")
+        adapter = Path(path) if (Path(path) / "adapter_config.json").is_file() else None
+        if adapter is None and flag.startswith("--adapter"):
+            raise UsageError(f"{flag}: no adapter_config.json there (expected train.py's adapter directory)")
+        if adapter is None:
+            if Path(path).exists() and not (Path(path) / "config.json").is_file():
+                raise UsageError(f"{flag}: neither an adapter (adapter_config.json) nor a model (config.json)")
+            if not Path(path).exists() and path != "tiny" and not rollout.HUB_ID.match(path):
+                raise UsageError(f"{flag}: no such adapter or model directory")
+            policies.append({"label": label, "model": _canonical(path), "adapter": None})
+            continue
+        try:
+            base = resolve_base_path(path)  # train.py stores a base inside the run directory as "../base"
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UsageError(f"{flag}: adapter_config.json is not valid JSON ({e})") from None
+        for sub in [adapter, *[d for d in [adapter / "aggregator"] if (d / "adapter_config.json").is_file()]]:
+            _check_adapter_weights(sub, flag)
+        model = _canonical(cfg.model if cfg.model_explicit or not base else base)
+        if base and model != _canonical(base):
+            print(f"warning: {flag} was trained on {base}, evaluating it on {model}", file=sys.stderr)
+        policies.append({"label": label, "model": model, "adapter": str(adapter)})
+    return policies
+
+
+def _canonical(model: str) -> str:
+    """A local model directory as an absolute path (one load, one cache key, however it was written)."""
+    return str(Path(model).resolve()) if Path(model).exists() else model
+
+
+def _check_adapter_weights(adapter: Path, flag: str) -> None:
+    from safetensors import safe_open
+
+    weights = adapter / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise UsageError(f"{flag}: {weights} is missing")
+    try:
+        with safe_open(str(weights), "pt") as f:
+            keys = list(f.keys())
+    except Exception as e:  # a torn or foreign file: safetensors raises its own error types
+        raise UsageError(f"{flag}: {weights} is not a readable safetensors file ({str(e)[:80]})") from None
+    if not keys or not all(k.startswith(PEFT_PREFIX) and ".lora_" in k for k in keys):
+        raise UsageError(f"{flag}: {weights} holds no LoRA weights in the PEFT layout")
+
+
+def _check_out(cfg) -> None:
+    """--out must be a new file or an earlier result of this script, in a writable directory (before generating)."""
+    out, png = Path(cfg.out), Path(cfg.out).with_suffix(".png")
+    if out.is_dir() or out.suffix == ".png":
+        raise UsageError(f"--out {out}: expected a JSON file path (the PNG goes next to it)")
+    ours = False
+    if out.exists():
+        try:
+            stored = json.loads(out.read_text())
+            ours = stored.get("written_by") == "evaluate.py" or {"config", "summary", "problems"} <= set(stored)
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError, TypeError):
+            pass  # (the second test: a result written before "written_by" existed)
+        if not ours:
+            raise UsageError(f"--out {out} exists and is not an evaluate.py result; choose another path")
+    if png.exists() and not ours:
+        raise UsageError(f"--out {out}: {png} exists and was not written with {out.name}; choose another path")
+    cfg.cache_dir = str(cfg.cache_dir or out.parent / ".cache")
+    for flag, directory in (("--out", out.parent), ("--cache-dir", Path(cfg.cache_dir))):
+        existing = next(d for d in [directory, *directory.absolute().parents] if d.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag}: cannot write to {directory} ({existing} is not a writable directory)")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4. Policies and main
+
+
+def policy_identity(policy: dict, cfg, dtype) -> dict:
+    """What the cache keys traces by: model, adapter (hash of its files), seed, sampling settings and dtype."""
+    model, adapter = policy["model"], None
+    if policy["adapter"]:  # the adapter's bytes, so a retrained adapter in the same directory is a new policy
         h = hashlib.sha256()
-        for f in sorted(Path(cfg.adapter).rglob("*")):
+        for f in sorted(Path(policy["adapter"]).rglob("*")):
             if f.name == "adapter_config.json" or f.suffix == ".safetensors":
-                h.update(str(f.relative_to(cfg.adapter)).encode() + f.read_bytes())
+                h.update(str(f.relative_to(policy["adapter"])).encode() + f.read_bytes())
         adapter = h.hexdigest()
-    return {"format": 1, "model": model, "adapter": adapter, "seed": cfg.seed, "temperature": cfg.temperature}
+    return {"format": 2, "model": model, "adapter": adapter, "seed": cfg.seed, "temperature": cfg.temperature,
+            "dtype": str(dtype).removeprefix("torch.")}
 
 
-def load_model(cfg):
-    """(model, tokenizer, aggregation_adapter): rollout.load_policy(cfg.model) plus train.py's LoRA adapter.
+def load_policies(cfg) -> dict[str, dict]:
+    """{label: {model, tokenizer, search_adapter, aggregation_adapter}}: each base model is loaded once, cast to
+    --dtype, and every adapter on it is a named LoRA adapter (lora.use_adapter switches; None is the base).
 
     An adapter directory with an aggregator/ sub-directory (train.py --separate-aggregator) holds two adapters:
-    search traces are sampled with the top-level one (theta), RSA's aggregation traces with the aggregator (phi).
+    search traces use the top-level one (theta), RSA's aggregation traces the aggregator (phi).
     """
-    model, tokenizer = rollout.load_policy(cfg.model)
-    aggregation_adapter = None
-    if cfg.adapter:
-        load_adapter(model, cfg.adapter)
-        if (Path(cfg.adapter) / "aggregator" / "adapter_config.json").is_file():
-            load_adapter(model, str(Path(cfg.adapter) / "aggregator"), "aggregator")
-            aggregation_adapter = lambda: use_adapter(model, "aggregator")  # noqa: E731
-    return model.eval(), tokenizer, aggregation_adapter
+    bases, loaded = {}, {}
+    for policy in cfg.policies:
+        label, name = policy["label"], policy["model"]
+        if name not in bases:
+            try:
+                model, tokenizer = rollout.load_policy(name, dtype=cfg.dtype)
+            except Exception as e:  # unknown Hub id, missing directory, no network, not a model
+                raise UsageError(f"cannot load the model {name} of policy {label}: {str(e).splitlines()[0]}") from None
+            model = model.eval()
+            bases[name] = model, tokenizer, model.get_input_embeddings().weight.dtype
+        model, tokenizer, dtype = bases[name]
+        search = aggregation = lambda m=model: use_adapter(m, None)  # noqa: E731
+        if policy["adapter"]:
+            adapters = [(f"policy:{label}", policy["adapter"])]  # not a bare label: ModuleDict has .train
+            aggregator_dir = Path(policy["adapter"]) / "aggregator"
+            if (aggregator_dir / "adapter_config.json").is_file():
+                adapters.append((f"aggregator:{label}", str(aggregator_dir)))
+            for adapter_name, directory in adapters:
+                try:  # LoRA weights stay fp32 masters (lora.py); its forward casts them to the input's dtype
+                    load_adapter(model, directory, adapter_name)
+                except Exception as e:  # wrong keys or shapes for this base, unsupported options
+                    raise UsageError(f"policy {label}: cannot load the adapter {directory}: "
+                                     f"{str(e).splitlines()[0][:300]}") from None
+            search = lambda m=model, a=adapters[0][0]: use_adapter(m, a)  # noqa: E731
+            aggregation = lambda m=model, a=adapters[-1][0]: use_adapter(m, a)  # noqa: E731
+        loaded[label] = {"model": model, "tokenizer": tokenizer, "search_adapter": search,
+                         "aggregation_adapter": aggregation, "identity": policy_identity(policy, cfg, dtype)}
+    return loaded
+
+
+def run(cfg) -> int:
+    """Evaluate every policy on the same problems; write the JSON (atomically), print the tables, draw the PNG."""
+    try:
+        problems = rollout.load_problems(cfg.data)[: cfg.limit]
+    except Exception as e:  # missing file, malformed line, unreachable Hub: one line, no traceback
+        raise UsageError(f"cannot load --data {cfg.data}: {e}") from None
+    if not problems:
+        raise UsageError(f"--data {cfg.data} holds no problems")
+    policies = load_policies(cfg)  # all of them first: a bad adapter fails before anything is generated
+    if not torch.cuda.is_available() and any(sum(p.numel() for p in pol["model"].parameters()) > 10**8
+                                             for pol in policies.values()):
+        print("warning: no GPU; a full-size model will be very slow on a CPU (--preset tiny runs in seconds)",
+              file=sys.stderr)
+    cache, results = TraceCache(cfg.cache_dir), {}
+    for label, pol in policies.items():
+        sampler = Sampler(pol["model"], pol["tokenizer"], cache, pol["identity"], tokens_per_call=cfg.tokens_per_call,
+                          micro_batch_size=cfg.micro_batch_size, search_adapter=pol["search_adapter"],
+                          aggregation_adapter=pol["aggregation_adapter"])
+        records = evaluate_policy(problems, sampler, cfg)
+        results[label] = {"policy": pol["identity"], "summary": summarize(records, cfg), "problems": records}
+
+    out = Path(cfg.out)
+    config = {k: v for k, v in vars(cfg).items() if k not in ("model_explicit", "policy", "adapter")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"written_by": "evaluate.py", "config": config, "policies": results}, indent=1))
+    os.replace(tmp, out)
+    summaries = {label: r["summary"] for label, r in results.items()}
+    print(figures.evaluation_table(summaries))
+    print(f"\n{len(problems)} problems, {len(results)} policies; traces generated: {cache.generated}, read from the "
+          f"cache {cache.root}: {cache.reused}; wrote {out}")
+    figures.plot_evaluation(summaries, out.with_suffix(".png"), title=f"{cfg.data}, {len(problems)} problems")
+    return 0
 
 
 def main(argv=None) -> int:
+    cfg = None
     try:
         cfg = parse_args(argv)
-        try:
-            problems = rollout.load_problems(cfg.data)[: cfg.limit]
-        except Exception as e:  # missing file, malformed line, unreachable Hub: one line, no traceback
-            raise UsageError(f"cannot load --data {cfg.data}: {e}") from None
-        if not problems:
-            raise UsageError(f"--data {cfg.data} holds no problems")
+        return run(cfg)
     except UsageError as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2
-
-    from tqdm import tqdm
-
-    out = Path(cfg.out)
-    cfg.cache_dir = str(cfg.cache_dir or out.parent / ".cache")
-    cache = TraceCache(cfg.cache_dir)
-    try:
-        model, tokenizer, aggregation_adapter = load_model(cfg)
-    except OSError as e:  # unknown Hub id, missing directory, no network
-        print(f"evaluate.py: error: cannot load --model {cfg.model}: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available() and sum(p.numel() for p in model.parameters()) > 10**8:
-        print(f"warning: no GPU; {cfg.model} will be very slow on a CPU (--preset tiny runs in seconds)",
-              file=sys.stderr)
-    sampler = Sampler(model, tokenizer, cache, policy_identity(cfg), cfg.micro_batch_size, aggregation_adapter)
-    records = [evaluate_problem(problem, sampler, cfg) for problem in tqdm(problems, desc="problems", disable=None)]
-    summary = summarize(records, cfg)
-
-    config = {k: v for k, v in vars(cfg).items() if k not in ("model_explicit",)}
-    config["policy"] = sampler.identity
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": config, "summary": summary, "problems": records}, indent=1))
-    print(format_table(summary))
-    print(f"\n{len(problems)} problems; traces generated: {cache.generated}, read from the cache {cache.root} "
-          f"(methods share search traces): {cache.reused}; wrote {out}")
-    figures.plot_evaluation(summary, out.with_suffix(".png"))
-    return 0
+    except KeyboardInterrupt:
+        where = f"; the traces generated so far are cached in {cfg.cache_dir}: rerun to continue" if cfg else ""
+        print(f"evaluate.py: interrupted{where}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -92,34 +92,100 @@ def plot_training(metrics_path: str, png_path: str) -> bool:
     return True
 
 
-def plot_evaluation(summary: dict, path: Path) -> None:
-    """One PNG: accuracy against k, RSA step and max_new_tokens, and every method against tokens generated."""
+def plot_evaluation(summaries: dict[str, dict], path: Path, title: str = "") -> None:
+    """evaluate.py's PNG: the paper's test-time figure kinds, one colour per policy ({label: summary}).
+
+    Panels: pass@k vs k; RSA pass@1 vs step (one marker per population P); accuracy vs the number of parallel
+    traces (majority@k at k, RSA after its last step at P, pass@1 for reference); sequential pass@1 vs
+    max_new_tokens; and every method against the maximum token budget per problem (the paper's x-axis).
+    """
     plt = _pyplot("evaluate.py")
     if plt is None:
         path.unlink(missing_ok=True)  # not a stale plot of an earlier run next to this run's JSON
         return
-    import matplotlib.ticker
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
-    curves = {"passk": ("k", "pass_at_k", "pass@k"), "majority": ("k", "accuracy", "majority@k"),
-              "rsa": ("step", "pass_at_1", "RSA pass@1"), "sequential": ("max_new_tokens", "pass_at_1", "sequential")}
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
-    for method, (x, y, label) in curves.items():
-        if method not in summary:
-            continue
-        s = summary[method]
-        ax = axes[{"passk": 0, "majority": 0, "rsa": 1, "sequential": 2}[method]]
-        ax.plot(s[x], s[y], marker="o", label=label)
-        ax.set_xlabel({"k": "k (samples)", "step": "RSA step", "max_new_tokens": "max new tokens"}[x])
-        axes[3].plot(s["tokens"], s[y], marker="o", label=label)
-    titles = ["parallel: pass@k, majority@k", "recursive self-aggregation", "sequential compute", "token usage"]
-    for ax, title in zip(axes, titles):
-        ax.set(ylabel="accuracy", title=title)
-        if ax.lines:
-            ax.legend()
-    for ax in (axes[0], axes[2], axes[3]):
-        ax.set_xscale("log", base=2)
-    axes[1].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    axes[3].set_xlabel("tokens generated per problem")
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.2))
+    (passk, rsa, parallel), (sequential, budget, key) = axes
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    populations = sorted({r["population"] for s in summaries.values() for r in s.get("rsa", [])})
+    p_marker = dict(zip(populations, "oDvPX*h" * 3))
+    for colour, (label, s) in zip(colours, summaries.items()):
+        c = dict(color=colour, markersize=4)
+        if "passk" in s:
+            passk.plot(s["passk"]["k"], s["passk"]["pass_at_k"], marker="o", **c)
+            ks = s["passk"]["k"]  # pass@1 for reference, across the same range of traces
+            parallel.plot([ks[0], ks[-1]], [s["passk"]["pass_at_k"][0]] * 2, color=colour, linestyle=":", linewidth=1)
+        for r in s.get("rsa", []):
+            rsa.plot(r["step"], r["pass_at_1"], marker=p_marker[r["population"]], **c)
+            budget.plot(r["budget"], r["pass_at_1"], marker=p_marker[r["population"]], **c)
+        if s.get("rsa"):
+            parallel.plot([r["population"] for r in s["rsa"]], [r["pass_at_1"][-1] for r in s["rsa"]], marker="o", **c)
+        if "majority" in s:
+            parallel.plot(s["majority"]["k"], s["majority"]["accuracy"], linestyle="--", marker="s", **c)
+            budget.plot(s["majority"]["budget"], s["majority"]["accuracy"], linestyle="--", marker="s", **c)
+        if "sequential" in s:
+            sequential.plot(s["sequential"]["max_new_tokens"], s["sequential"]["pass_at_1"], marker="^", **c)
+            budget.plot(s["sequential"]["budget"], s["sequential"]["pass_at_1"], linestyle=":", marker="^", **c)
+    panels = [(passk, "Pass@k evaluation", "k, independent attempts", "pass@k (coverage)"),
+              (rsa, "Pass@1 under recursive self-aggregation", "RSA step", "pass@1"),
+              (parallel, "Inference methods scaling parallel traces", "parallel traces (majority: k, RSA: P)",
+               "accuracy (RSA: after the last step)"),
+              (sequential, "Scaling sequential compute", "maximum new tokens per trace", "pass@1"),
+              (budget, "Inference compute against token usage", "maximum token budget per problem (paper's x-axis)",
+               "accuracy")]
+    tokens = FuncFormatter(lambda v, _: f"{v / 1024:g}k" if v >= 1024 else f"{v:g}")  # 16k, 64k as in the paper
+    for ax, name, xlabel, ylabel in panels:
+        ax.set_title(f"paper: {name}", fontsize=10)
+        ax.set(xlabel=xlabel, ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        xs = sorted({x for line in ax.lines for x in line.get_xdata()})
+        if xs and ax is not rsa:
+            ax.set_xscale("log", base=2)
+            if ax is not budget:  # few values: tick each one
+                ax.set_xticks(xs)
+            ax.xaxis.set_major_formatter(tokens)
+            ax.xaxis.set_minor_formatter(NullFormatter())
+    rsa.xaxis.set_major_locator(MaxNLocator(integer=True))
+    black = dict(color="black", markersize=5)
+    handles = [Line2D([], [], color=colour, linewidth=3, label=label) for colour, label in zip(colours, summaries)]
+    handles += [Line2D([], [], marker=m, linestyle="-", label=f"RSA, population P={p}", **black)
+                for p, m in p_marker.items()]
+    handles += [Line2D([], [], marker="s", linestyle="--", label="majority@k", **black),
+                Line2D([], [], marker="^", linestyle=":", label="sequential", **black),
+                Line2D([], [], linestyle=":", linewidth=1, label="pass@1 (reference)", **black)]
+    key.legend(handles=handles, loc="center", fontsize=10, frameon=False)
+    key.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=12)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
     print(f"wrote {path}")
+
+
+def evaluation_curves(summaries: dict[str, dict]):
+    """(title, x key, y key, {label: curve}) for each curve of evaluate.py's summaries (all hold the same curves)."""
+    first = next(iter(summaries.values()))
+    for method, x, y in [("passk", "k", "pass_at_k"), ("majority", "k", "accuracy"),
+                         ("sequential", "max_new_tokens", "pass_at_1")]:
+        if method in first:
+            length = "" if method == "sequential" else f", traces of up to {first[method]['max_new_tokens']} tokens"
+            yield method + length, x, y, {label: s[method] for label, s in summaries.items()}
+    for i, r in enumerate(first.get("rsa", [])):
+        yield (f"rsa, population P={r['population']}, set size k={r['set_size']}", "step", "pass_at_1",
+               {label: s["rsa"][i] for label, s in summaries.items()})
+
+
+def evaluation_table(summaries: dict[str, dict]) -> str:
+    """Plain-text tables, one per curve: x, maximum budget, then accuracy and tokens generated of each policy."""
+    lines = []
+    for name, x, y, curve_of in evaluation_curves(summaries):
+        first = next(iter(curve_of.values()))
+        header = [x, "max budget", *(f"{label} {h}" for label in curve_of for h in ("acc", "tokens"))]
+        lines += [f"\n{name}", "  ".join(f"{h:>14}" for h in header)]
+        for i, (xv, budget) in enumerate(zip(first[x], first["budget"])):
+            cells = [xv, budget, *(v for c in curve_of.values() for v in (c[y][i], c["tokens"][i]))]
+            lines.append("  ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{v:>14}" for v in cells))
+    return "\n".join(lines)

@@ -69,7 +69,8 @@ def test_a_moved_tiny_run_loads_its_adapters_and_base(moved_run):
             torch.randint(3, 200, (2, 9), generator=torch.Generator().manual_seed(0))).logits
     assert not torch.equal(plain, after[0]) and not torch.equal(plain, after[1])
     # evaluate.py finds the base through the adapter, wherever the run now lies.
-    assert evaluate.parse_args(["--preset", "tiny", "--adapter", adapter]).model == str(run / "base")
+    policies = evaluate.parse_args(["--preset", "tiny", "--adapter", adapter]).policies
+    assert [p["model"] for p in policies if p["adapter"]] == [str(run / "base")]
 
 
 def test_real_peft_loads_the_moved_adapter_given_the_resolved_base(moved_run, monkeypatch):
