@@ -17,14 +17,7 @@ import tiny
 import train
 from lora import ADAPTER_WEIGHTS, add_lora, export_adapters, load_adapter, lora_parameters
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny model gains nothing from intra-op threads; on a busy 2-core machine they spin."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_load_policy_dtype():

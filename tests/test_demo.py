@@ -22,15 +22,6 @@ import tiny
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def one_thread():
-    """The tiny model gains nothing from intra-op threads; on a busy 2-core machine they spin."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_tiny_task_is_graded_by_the_real_reward():
     problems = rollout.load_problems("tiny_sums")
     assert len(problems) == 100 and len({p.problem for p in problems}) == 100
@@ -45,7 +36,7 @@ def test_tiny_task_is_graded_by_the_real_reward():
 
 
 def test_shipped_warm_start_matches_the_code():
-    """data/tiny_warmstart/ must be what warm_start_tiny writes: same tokenizer as tiny.build_tiny_tokenizer and
+    """data/tiny_warmstart/ must be what tiny.warm_start writes: same tokenizer as tiny.build_tiny_tokenizer and
     the same architecture as tiny.build_tiny_model (regenerate it with --warm-start-only if either changes)."""
     model, tokenizer = rollout.load_policy(tiny.WARM_START_DIR, device="cpu")
     fresh_tokenizer = tiny.build_tiny_tokenizer()
@@ -56,7 +47,7 @@ def test_shipped_warm_start_matches_the_code():
     assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in fresh.state_dict().items()}
     with open(os.path.join(tiny.WARM_START_DIR, "warm_start.json")) as f:
         recipe = json.load(f)["recipe"]
-    assert recipe["steps"] == 700 and recipe["seed"] == 0  # warm_start_tiny's defaults, as --warm-start-only runs it
+    assert recipe["steps"] == 700 and recipe["seed"] == 0  # tiny.warm_start's defaults, as --warm-start-only runs it
 
 
 def test_warm_start_is_deterministic(tmp_path, one_thread):

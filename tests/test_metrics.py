@@ -15,13 +15,7 @@ from lora import add_lora, lora_parameters
 from rollout import Completion, Problem
 from tiny import build_tiny_model, build_tiny_tokenizer
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
