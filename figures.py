@@ -45,19 +45,30 @@ DASHBOARD = [
 ]
 
 
+def dashboard_series(rows: list[dict]) -> list[tuple[str, list[tuple[str, list, list]]]]:
+    """[(panel title, [(legend label, steps, values)])]: what the dashboard draws, for the keys the rows have."""
+    panels = []
+    for panel, series in DASHBOARD:
+        drawn = []
+        for key, label in series:
+            points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if points:
+                drawn.append((label, [x for x, _ in points], [y for _, y in points]))
+        panels.append((panel, drawn))
+    return panels
+
+
 def training_figure(rows: list[dict], title: str = ""):
-    """The dashboard of DASHBOARD's panels over steps as a matplotlib Figure, or None without matplotlib."""
+    """dashboard_series drawn as a matplotlib Figure (2 x 4 panels over steps), or None without matplotlib."""
     plt = _pyplot("train.py")
     if plt is None:
         return None
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(2, 4, figsize=(17, 6.5), squeeze=False)
-    for ax, (panel, series) in zip(axes.flat, DASHBOARD):
-        for key, label in series:
-            points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-            if points:
-                ax.plot(*zip(*points), marker=".", label=label, ls="--" if "dashed" in label else "-")
+    for ax, (panel, series) in zip(axes.flat, dashboard_series(rows)):
+        for label, steps, values in series:
+            ax.plot(steps, values, marker=".", label=label, ls="--" if "dashed" in label else "-")
         if panel.startswith(("accuracy", "truncation")):
             ax.set_ylim(-0.03, 1.03)
         if panel == "importance ratio" and ax.lines:  # at least 1 +- 0.01: fp32's ratio ~ 1 +- 1e-6 reads as flat

@@ -1,6 +1,7 @@
 """evaluate.py and testtime.py: the estimators against slow obvious versions, RSA bookkeeping, the cache, and the CLI."""
 
 import copy
+import importlib.util
 import itertools
 import json
 import math
@@ -381,7 +382,10 @@ def test_policies_are_compared_on_the_same_problems(tiny_runs, tmp_path, monkeyp
     assert tuned["problems"] != base["problems"] and again["summary"] == tuned["summary"]  # same policy, same key
     table = capsys.readouterr().out
     assert "base acc" in table and "lora acc" in table and "rsa, population P=3, set size k=2" in table
-    assert (tmp_path / "cmp.png").stat().st_size > 10_000
+    if importlib.util.find_spec("matplotlib"):  # optional: CI installs requirements.txt only
+        assert (tmp_path / "cmp.png").stat().st_size > 10_000
+    else:
+        assert "matplotlib is not installed" in table and not (tmp_path / "cmp.png").exists()
 
 
 def test_a_short_evaluation_in_bfloat16_runs_on_cpu(tiny_runs, tmp_path, monkeypatch):

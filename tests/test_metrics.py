@@ -3,6 +3,7 @@ and metrics.png is a dashboard of the curves that tell whether training works, f
 
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -106,19 +107,25 @@ def synthetic_rows(keys, steps=5):
     return [{"step": s, **{k: float(rng.random()) for k in keys}} for s in range(1, steps + 1)]
 
 
-def panels(fig):
-    """{panel title: {legend label: y values}} of a dashboard figure (then closed)."""
+def panels(rows):
+    """{panel title: {legend label: y values}} of the dashboard (panels with no data left out)."""
+    return {panel: {label: values for label, _, values in series}
+            for panel, series in figures.dashboard_series(rows) if series}
+
+
+def drawn_panels(fig):
+    """The same read back from a drawn figure (then closed)."""
     import matplotlib.pyplot as plt
 
     shown = {ax.get_title(): {line.get_label(): list(line.get_ydata()) for line in ax.lines}
-             for ax in fig.axes if ax.get_title()}
+             for ax in fig.axes if ax.lines}
     plt.close(fig)
     return shown
 
 
 def test_dashboard_panels_for_spiral_grpo_and_two_models(tmp_path):
     spiral_rows = synthetic_rows(SPIRAL + ["train/grad_norm_aggregator"])
-    shown = panels(figures.training_figure(spiral_rows))
+    shown = panels(spiral_rows)
     assert len(shown) == 8  # a few panels, not one per metric
     assert shown["accuracy (mean reward)"]["search"] == [r["search_accuracy"] for r in spiral_rows]
     assert set(shown["accuracy (mean reward)"]) == {"search", "aggregation"}
@@ -136,7 +143,7 @@ def test_dashboard_panels_for_spiral_grpo_and_two_models(tmp_path):
     assert "train/loss" not in plotted and "tokens_generated" not in plotted  # the rest stays in metrics.jsonl
 
     grpo_rows = synthetic_rows(GRPO)
-    shown = panels(figures.training_figure(grpo_rows))
+    shown = panels(grpo_rows)
     assert shown["accuracy (mean reward)"] == {"GRPO": [r["accuracy"] for r in grpo_rows]}
     assert shown["token entropy, all traces (nats)"] == {"GRPO": [r["rollout/entropy_grpo"] for r in grpo_rows]}
     assert set(shown["seconds per step"]) == {"rollout (all)", "train"}
@@ -144,7 +151,23 @@ def test_dashboard_panels_for_spiral_grpo_and_two_models(tmp_path):
 
 
 @pytest.mark.parametrize("keys", [SPIRAL, GRPO], ids=["spiral", "grpo"])
+def test_the_figure_draws_the_dashboard_series(keys):
+    pytest.importorskip("matplotlib")  # optional: CI installs requirements.txt only
+    rows = synthetic_rows(keys + ["train/grad_norm_aggregator"])
+    assert drawn_panels(figures.training_figure(rows)) == panels(rows)
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_a_notice(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows(GRPO)))
+    assert not figures.plot_training(str(path), str(tmp_path / "metrics.png"))
+    assert "matplotlib is not installed" in capsys.readouterr().out and not (tmp_path / "metrics.png").exists()
+
+
+@pytest.mark.parametrize("keys", [SPIRAL, GRPO], ids=["spiral", "grpo"])
 def test_plot_training_writes_a_png(tmp_path, keys):
+    pytest.importorskip("matplotlib")
     rows = synthetic_rows(keys)
     rows[2].pop("train/grad_norm")  # a step that trained nothing has no gradient norm: a gap, not a crash
     rows[3]["train/importance_ratio_max"] = math.nan
