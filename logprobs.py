@@ -110,7 +110,8 @@ def _probe(model, decoder, head, batch: TokenBatch) -> str:
     if ours.shape != full.shape:
         return f"head(decoder(...)) has shape {tuple(ours.shape)}, model(...).logits {tuple(full.shape)}"
     gap = float((ours - full).abs().max())
-    return "" if gap <= 1e-3 * max(1.0, float(full.abs().max())) else f"they differ by up to {gap:.3g}"
+    # 2% of the largest logit: above a few bf16 ulps (2^-7 apart) of kernel noise, far below any real transform.
+    return "" if gap <= 2e-2 * max(1.0, float(full.abs().max())) else f"they differ by up to {gap:.3g}"
 
 
 def decoder_and_head(model, batch: TokenBatch | None = None):

@@ -135,6 +135,20 @@ def build_policy(size: str, device: str, dtype: torch.dtype):
     return model.eval(), tokenizer
 
 
+def save_random_model(out_dir: str, size: str, device: str | None) -> int:
+    """build_policy at `size`, saved with save_pretrained: a model directory train.py and evaluate.py load like any
+    other (random weights never answer, so every reward is 0: it measures the pipeline, not learning)."""
+    if os.path.exists(out_dir) and os.listdir(out_dir):
+        print(f"bench.py: error: --save-model {out_dir} exists and is not empty", file=sys.stderr)
+        return 2
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = build_policy(size, device, torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    print(f"bench.py: saved Qwen3 ({size}, random weights) and the synthetic tokenizer to {out_dir}")
+    return 0
+
+
 def random_words(count: int, vocab_size: int, rng: np.random.Generator) -> str:
     """`count` random non-special words: exactly `count` tokens of the synthetic tokenizer."""
     return " ".join(f"w{i}" for i in rng.integers(len(SPECIAL_TOKENS), vocab_size, count))
@@ -699,6 +713,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-grpo", action="store_true", help="GPU part: no GRPO step in measurement 4")
     p.add_argument("--rollout-adapter", action=argparse.BooleanOptionalAction, default=True,
                    help="GPU part: sample with the LoRA adapter active, as train.py does (default on)")
+    p.add_argument("--save-model", metavar="DIR",
+                   help="save Qwen3 at --size with random weights and the synthetic tokenizer to DIR (bf16 on a "
+                        "GPU, fp32 on a CPU), so that `python train.py --model DIR` runs the user's own command")
     p.add_argument("--logprob-worker", help=argparse.SUPPRESS)
     return p
 
@@ -708,6 +725,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.logprob_worker:
         print(json.dumps(logprob_worker(json.loads(args.logprob_worker))))
         return 0
+    if args.save_model:
+        return save_random_model(args.save_model, args.size, args.device)
     if args.cpu:
         results = run_cpu_part(args)
     else:

@@ -108,3 +108,22 @@ def test_flop_and_byte_counts_match_the_model(bench):
     N, A, head = 3_633_315_840, bench.attention_flops(q4b, 1000), 2 * 2560 * 151_936 * 100
     assert f["model_flops"] == 4 * N * 1000 + 3 * A + 2 * head  # frozen base: no weight gradients
     assert f["hardware_flops"] - f["model_flops"] == 2 * N * 1000 + A + head  # checkpointing's recompute
+
+
+def test_a_saved_random_model_trains_through_the_users_own_command(bench, tmp_path, capsys):
+    """Issue 10's plan on a GPU: `bench.py --save-model DIR` (4B with random weights), then `python train.py --model
+    DIR`. Here at toy size on CPU: the directory loads through train.py's own path and a SPIRAL step runs."""
+    import train
+
+    model_dir = tmp_path / "toy-model"
+    assert bench.main(["--size", "toy", "--device", "cpu", "--save-model", str(model_dir)]) == 0
+    assert bench.main(["--size", "toy", "--device", "cpu", "--save-model", str(model_dir)]) == 2  # never overwrites
+    out = tmp_path / "run"
+    assert train.main(["--model", str(model_dir), "--device", "cpu", "--out", str(out), "--data", "tiny_sums",
+                       "--steps", "1", "--batch-problems", "1", "--max-draws", "1", "--max-new-tokens", "4",
+                       "--no-plot"]) == 0
+    row = json.loads((out / "metrics.jsonl").read_text())
+    assert row["problems_drawn"] == 1 and row["tokens_generated"] == (8 + 4 * 4) * 4  # random weights never stop
+    assert row["aggregation_accuracy"] == 0.0  # nor answer: every reward is 0, so nothing is kept to train on
+    assert (out / "adapter" / "adapter_config.json").is_file()
+
