@@ -51,6 +51,7 @@ import torch
 import figures
 import rollout
 import tiny
+from checkpoint import unwritable
 from lora import PEFT_PREFIX, load_adapter, resolve_base_path, use_adapter
 from reward import extract_answer, reward
 from testtime import derive_seed, digest, majority_at_k, pass_at_k, recursive_self_aggregation
@@ -472,9 +473,9 @@ def _check_out(cfg) -> None:
         raise UsageError(f"--out {out}: {png} exists and was not written with {out.name}; choose another path")
     cfg.cache_dir = str(cfg.cache_dir or out.parent / ".cache")
     for flag, directory in (("--out", out.parent), ("--cache-dir", Path(cfg.cache_dir))):
-        existing = next(d for d in [directory, *directory.absolute().parents] if d.exists())
-        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-            raise UsageError(f"{flag}: cannot write to {directory} ({existing} is not a writable directory)")
+        why = unwritable(str(directory))
+        if why:
+            raise UsageError(f"{flag}: cannot write to {directory} ({why})")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
