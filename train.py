@@ -48,7 +48,7 @@ import rollout
 import setsample
 import spiral
 import tiny
-from logprobs import TokenBatch, completion_logprobs
+from logprobs import TokenBatch, attention_backends, completion_logprobs
 from lora import TARGET_MODULES, add_lora, adapter_names, export_adapters, lora_parameters, replace_dir, use_adapter
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature:
 
     loss_sum, ratios, entropy_by_role, tokens = 0.0, [], {}, 0
     for name, group in by_adapter.items():
-        with use_adapter(model, name):
+        with use_adapter(model, name), attention_backends():  # no cuDNN attention (issue 18), backward's recompute too
             lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in group]
             for indices in pack_micro_batches(lengths, micro_batch_tokens):
                 micro = [group[i] for i in indices]
