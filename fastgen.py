@@ -7,8 +7,8 @@ The design of gpt-fast's generate.py (pytorch-labs/gpt-fast), on the Hugging Fac
      the sampler's log pi(y_t) and entropy H_t. It is one graph for torch.compile(fullgraph=True): on CUDA it runs
      with mode="reduce-overhead" (CUDA graphs: one launch per step, no host sync).
   3. Grouped-query attention without expanding K and V: the G = heads / kv_heads query heads that share a KV head
-     become G query rows of that head, so each cached byte is read once. The only mask is one (B, 1, 1, S) boolean
-     per step (the prompt's left padding and the slots not yet written), shared by every layer.
+     become G query rows of that head, so each cached byte is read once. The only mask is one additive (B, 1, 1, S)
+     bias per step (0 or -inf: the prompt's left padding and the slots not yet written), shared by every layer.
   4. LoRA: the adapter's fp32 A and B are cast to the model's dtype once per call (`Linear.of`), not at every
      projection of every step as lora.LoRALinear.forward does; the frozen base is never modified.
 Sampling is gpt-fast's exponential race, argmax_v p_v / E_v with E_v ~ Exponential(1) i.i.d.: token v wins with
@@ -153,7 +153,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     """Grouped-query attention without repeating K, V: (B, H, T, D) queries over (B, K, S, D) keys -> (B, T, H D).
 
     Query head h uses KV head h // G (G = H / K, as HF's repeat_kv); the G heads of one KV head are stacked as
-    G T query rows of it. mask (B, 1, T, S): True where a query may attend.
+    G T query rows of it. mask (B, 1, T, S): an additive bias, 0 where a query may attend, -inf elsewhere.
     """
     B, H, T, D = q.shape
     K, S = k.shape[1], k.shape[2]
@@ -163,6 +163,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         mask = mask[:, :, None].expand(B, 1, G, T, S).reshape(B, 1, G * T, S)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, K, G T, D)
     return out.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+
+
+def _bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where attention is allowed, -inf elsewhere: built once per step; a boolean mask would be converted to this
+    inside every layer's attention call."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 def _mlp(layer: Layer, x: torch.Tensor) -> torch.Tensor:
@@ -188,8 +194,8 @@ def prefill(w: Weights, cache: KVCache, ids_PL: torch.Tensor, start_P: torch.Ten
     positions = (slot_L[None] - start_P[:, None]).clamp(min=0)  # (P, L): as generate's cumsum(mask) - 1
     # A pad query attends to itself only: a row with nothing to attend would give nan, which a cached value carries.
     mask = (slot_L[None, :] <= slot_L[:, None])[None] & (slot_L[None, None, :] >= start_P[:, None, None])
-    mask = (mask | torch.eye(L, dtype=torch.bool, device=ids_PL.device))[:, None]  # (P, 1, L, L)
     x = F.embedding(ids_PL, w.embed)  # (P, L, d)
+    mask = _bias((mask | torch.eye(L, dtype=torch.bool, device=ids_PL.device))[:, None], x.dtype)  # (P, 1, L, L)
     cos, sin = w.rotary(x, positions)  # (P, L, D)
     for i, layer in enumerate(w.layers):
         q, k, v = _qkv(layer, w, x, cos, sin)
@@ -205,8 +211,8 @@ def decode_one_token(w: Weights, cache: KVCache, token_B: torch.Tensor, slot: to
                      temperature: float):
     """Feed token_B (B,) at cache slot `slot` (a 0-d tensor), sample the next token: (token, log-prob, entropy)."""
     positions = (slot - start_B)[:, None]  # (B, 1): the token's position within its own row
-    mask = ((cache.slot_S >= start_B[:, None]) & (cache.slot_S <= slot))[:, None, None]  # (B, 1, 1, S)
     x = F.embedding(token_B[:, None], w.embed)  # (B, 1, d)
+    mask = _bias(((cache.slot_S >= start_B[:, None]) & (cache.slot_S <= slot))[:, None, None], x.dtype)  # (B,1,1,S)
     cos, sin = w.rotary(x, positions)  # (B, 1, D)
     for i, layer in enumerate(w.layers):
         q, k, v = _qkv(layer, w, x, cos, sin)

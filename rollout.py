@@ -129,8 +129,8 @@ def load_problems(source: str) -> list[Problem]:
     if HUB_ID.match(source) and not source.partition(":")[0].endswith((".jsonl", ".json")):
         return [problem for path in _fetch_from_hub(source) for problem in _read_jsonl(path)]
     raise FileNotFoundError(
-        f"problem source {source!r} is not a bundled set ({', '.join([*BUNDLED, *CODE_BUILT_PROBLEMS])}), an existing file, "
-        f"or a Hub dataset id like 'POLARIS-Project/Polaris-Dataset-53K'"
+        f"problem source {source!r} is not a bundled set ({', '.join([*BUNDLED, *CODE_BUILT_PROBLEMS])}), an "
+        f"existing file, or a Hub dataset id like 'POLARIS-Project/Polaris-Dataset-53K'"
     )
 
 

@@ -118,7 +118,8 @@ def test_eos_cut_and_truncation_match_the_reference(tokenizer):
     for bias, max_new_tokens in ((5.0, 6), (3.0, 48)):
         model = stop_biased_model(tokenizer, {im_end: bias, endoftext: bias})
         fast, ref = (run(model, tokenizer, engine, seed=1, prompts=PROMPTS[:2], samples_per_prompt=16,
-                         max_new_tokens=max_new_tokens, temperature=1.0, micro_batch_size=32) for engine in ("fast", "hf"))
+                         max_new_tokens=max_new_tokens, temperature=1.0, micro_batch_size=32)
+                     for engine in ("fast", "hf"))
         fast, ref = [c for g in fast for c in g], [c for g in ref for c in g]
         assert [c.completion_ids for c in fast] == [c.completion_ids for c in ref]
         assert [c.truncated for c in fast] == [c.truncated for c in ref]
@@ -166,3 +167,17 @@ def test_fast_engine_refuses_other_architectures(tokenizer):
         rollout.generate(llama, tokenizer, ["Hi"], samples_per_prompt=1, max_new_tokens=2, engine="fast")
     with pytest.raises(ValueError, match="engine"):
         rollout.generate(llama, tokenizer, ["Hi"], samples_per_prompt=1, max_new_tokens=2, engine="vllm")
+
+
+def test_model_generation_engine_is_the_default(adapted, tokenizer, monkeypatch):
+    """model.generation_engine = "fast" (how train.py --generation fast reaches spiral's generate calls) selects
+    fastgen; an explicit engine= wins."""
+    calls = []
+    real = fastgen.sample_micro_batch
+    monkeypatch.setattr(fastgen, "sample_micro_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = copy.deepcopy(adapted)
+    model.generation_engine = "fast"
+    rollout.generate(model, tokenizer, ["Hi"], samples_per_prompt=2, max_new_tokens=2)
+    assert calls == [1]
+    rollout.generate(model, tokenizer, ["Hi"], samples_per_prompt=2, max_new_tokens=2, engine="hf")
+    assert calls == [1]
