@@ -181,3 +181,24 @@ def test_model_generation_engine_is_the_default(adapted, tokenizer, monkeypatch)
     assert calls == [1]
     rollout.generate(model, tokenizer, ["Hi"], samples_per_prompt=2, max_new_tokens=2, engine="hf")
     assert calls == [1]
+
+
+def test_train_cli_samples_with_the_fast_engine(tmp_path, monkeypatch, capsys):
+    """train.py --generation fast: every rollout of the step goes through fastgen, and the learner's log-probs
+    reproduce the sampler's (importance ratios 1 up to fp32 rounding): the right importance-weight denominators."""
+    import json
+
+    import train
+
+    calls = []
+    real = fastgen.sample_micro_batch
+    monkeypatch.setattr(fastgen, "sample_micro_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = tmp_path / "run"
+    assert train.main(["--preset", "tiny", "--generation", "fast", "--steps", "1", "--batch-problems", "2",
+                       "--out", str(out), "--no-plot"]) == 0
+    assert len(calls) >= 2  # the search and the aggregation stage
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert 1 - 1e-4 < row["train/importance_ratio_min"] <= row["train/importance_ratio_max"] < 1 + 1e-4
+    assert json.loads((out / "config.json").read_text())["generation"] == "fast"
+    assert train.main(["--preset", "tiny", "--generation", "vllm", "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
