@@ -39,7 +39,7 @@ CPU part (runs in CI at --small size):
               returned to the OS (malloc_trim), the kernel's peak-RSS counter is reset (/proc/self/clear_refs 5),
               and the path's peak is VmHWM - VmRSS measured before it (fallback: ru_maxrss delta). tracemalloc
               would see none of torch's allocations, and torch has no CPU peak-memory counter.
-  6. decode   one decode step of rollout.generate(engine="hf") and engine="fast" (fastgen.py, eager on a CPU) on the
+  7. decode   one decode step of rollout.generate(engine="hf") and engine="fast" (fastgen.py, eager on a CPU) on the
               tiny model at batch 64 (8 prompts x 8 samples, LoRA r=32 active): milliseconds per step (generate
               with 1 + n new tokens minus with 1, over n; minimum of repeats), a proxy for per-step overhead; and the
               bytes a step copies besides reading the weights and the cache (CopyCounter: concatenations such as a
@@ -48,8 +48,8 @@ GPU rows 2-4 take --engine hf|fast (fast: the decode step compiled with CUDA gra
 
 Run it (from the repository root):
     python benchmarks/bench.py --cpu --json cpu.json                   # 5, at 4,096 tokens (~4 min, shared 2-core CPU)
-    python benchmarks/bench.py --cpu --small                           # 5, at 512 tokens, and 6 (what CI runs)
-    python benchmarks/bench.py --cpu --cpu-parts decode --json d.json  # 6 alone (~1 min)
+    python benchmarks/bench.py --cpu --small                           # 5, at 512 tokens, and 7 (what CI runs)
+    python benchmarks/bench.py --cpu --cpu-parts decode --json d.json  # 7 alone (~1 min)
     python benchmarks/bench.py --only generate --engine fast           # 2 with fastgen.py
     python benchmarks/bench.py --json gpu.json                         # 1-4 on a CUDA GPU (see README for time)
     python benchmarks/bench.py --only train,generate                   # a subset
@@ -704,7 +704,7 @@ def run_cpu_part(args) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 6. CPU: one decode step of each generate engine (tiny model, batch 64, LoRA active)
+# 7. CPU: one decode step of each generate engine (tiny model, batch 64, LoRA active); README row 6: eval_batching.py
 
 COPY_OPS = {"cat": "concatenation", "stack": "concatenation", "clone": "copy", "_to_copy": "copy", "copy_": "copy",
             "contiguous": "copy", "repeat_interleave": "copy", "index_select": "copy", "where": "mask",
@@ -731,7 +731,8 @@ class CopyCounter(TorchDispatchMode):
         if func.is_view:  # a view writes nothing
             return out
         result = args[self.SOURCE_ARG.get(name, 0)] if name.endswith("_") else out
-        tensors = [t for t in (result if isinstance(result, (tuple, list)) else [result]) if isinstance(t, torch.Tensor)]
+        results = result if isinstance(result, (tuple, list)) else [result]
+        tensors = [t for t in results if isinstance(t, torch.Tensor)]
         written = sum(t.numel() * t.element_size() for t in tensors)
         category = ("necessary" if name in NECESSARY_OPS else COPY_OPS.get(name)
                     or ("mask" if tensors and tensors[0].dtype == torch.bool else None))
@@ -759,8 +760,10 @@ def measure_decode(model, tokenizer, prompts, samples: int, steps: int, repeats:
     for n in (1, 1 + steps):
         counts[n] = CopyCounter()
         _decode_run(model, tokenizer, prompts, samples, n, engine, counts[n])
-    per_step = lambda table: {k: (counts[1 + steps].__dict__[table].get(k, 0) - counts[1].__dict__[table].get(k, 0))  # noqa: E731
-                              / steps for k in counts[1 + steps].__dict__[table]}
+    def per_step(table: str) -> dict:
+        long, short = getattr(counts[1 + steps], table), getattr(counts[1], table)
+        return {k: (v - short.get(k, 0)) / steps for k, v in long.items()}
+
     copied = per_step("bytes")
     return {"engine": engine, "ms_per_step": 1000 * (times[1 + steps] - times[1]) / steps,
             "seconds_1_token": times[1], f"seconds_{1 + steps}_tokens": times[1 + steps],
@@ -769,7 +772,7 @@ def measure_decode(model, tokenizer, prompts, samples: int, steps: int, repeats:
 
 
 def run_decode_part(args) -> dict:
-    """6. Decode cost of engine="hf" against engine="fast": tiny model (random weights: rows rarely stop), LoRA r=32
+    """7. Decode cost of engine="hf" against engine="fast": tiny model (random weights: rows rarely stop), LoRA r=32
     active as train.py samples, 8 prompts x 8 samples = batch 64."""
     steps, repeats = (8, 1) if args.small else (32, 5)
     torch.manual_seed(0)
@@ -783,7 +786,7 @@ def run_decode_part(args) -> dict:
                "model": "tiny Qwen3 (4 layers, hidden 128, 4 heads / 2 KV heads), random weights, LoRA r=32, fp32"}
     for engine in rollout.ENGINES:
         r = results[engine] = measure_decode(model, tokenizer, prompts, 8, steps, repeats, engine)
-        print(f"[6 decode] {engine}: {r['ms_per_step']:.2f} ms per step at batch 64 ({results['torch_threads']} "
+        print(f"[7 decode] {engine}: {r['ms_per_step']:.2f} ms per step at batch 64 ({results['torch_threads']} "
               f"threads, min of {repeats}); copies {r['bytes_copied_per_step'] / 1e6:.3f} MB per step "
               f"({', '.join(f'{k} {v / 1e6:.3f}' for k, v in r['bytes_per_step_by_category'].items())}); the KV "
               f"cache a step reads: {kv_step / 1e6:.3f} MB")
@@ -791,12 +794,12 @@ def run_decode_part(args) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 7. Command line
+# 8. Command line
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--cpu", action="store_true", help="run the CPU part (5: log-prob memory, 6: decode step cost) "
+    p.add_argument("--cpu", action="store_true", help="run the CPU part (5: log-prob memory, 7: decode step cost) "
                                                         "instead of the GPU part")
     p.add_argument("--cpu-parts", type=lambda s: s.split(","), default=["logprobs", "decode"],
                    help="CPU part: comma-separated subset of logprobs,decode")

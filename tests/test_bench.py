@@ -144,11 +144,11 @@ def test_copy_counter_counts_written_bytes_by_category(bench):
 
 
 def test_decode_part_small_fast_path_copies_far_less(bench, tmp_path, capsys, one_thread):
-    """6 at --small: both engines timed per step, and the fast path's copies per step (no DynamicCache
+    """7 at --small: both engines timed per step, and the fast path's copies per step (no DynamicCache
     concatenation, no fp32 copy of the logits) a small fraction of the reference's."""
     out = tmp_path / "decode.json"
     assert bench.main(["--cpu", "--cpu-parts", "decode", "--small", "--json", str(out)]) == 0
-    assert capsys.readouterr().out.count("[6 decode]") == 2
+    assert capsys.readouterr().out.count("[7 decode]") == 2
     r = json.loads(out.read_text())["decode"]
     hf, fast = r["hf"], r["fast"]
     assert r["batch"] == 64 and hf["ms_per_step"] > 0 and fast["ms_per_step"] > 0
