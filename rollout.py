@@ -25,6 +25,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 import fastgen
 from logprobs import attention_backends
+from lora import cast_once
 
 DEFAULT_MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 ENGINES = ("hf", "fast")  # generate's samplers: Hugging Face generate (the reference), fastgen.py
@@ -575,7 +576,7 @@ def _sample_micro_batch(model, prompt_ids, copies, max_new_tokens, temperature, 
     input_ids = input_ids.repeat_interleave(copies, dim=0)  # (B, L), B = P * copies
     attention_mask = attention_mask.repeat_interleave(copies, dim=0)  # (B, L)
     recorder = SamplerLogprobs(temperature, prompt_length)
-    with _bare_generation_defaults(model, eos_ids, pad_id), attention_backends():  # no cuDNN attention (issue 18)
+    with _bare_generation_defaults(model, eos_ids, pad_id), attention_backends(), cast_once(model):  # no cuDNN (#18)
         sequences = model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -202,3 +202,32 @@ def test_train_cli_samples_with_the_fast_engine(tmp_path, monkeypatch, capsys):
     assert json.loads((out / "config.json").read_text())["generation"] == "fast"
     assert train.main(["--preset", "tiny", "--generation", "vllm", "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_reference_sampling_casts_the_adapter_once_per_call(adapted, tokenizer):
+    """lora.cast_once (which rollout's generate runs under): the same outputs bit for bit, one cast of A and B per
+    adapter and dtype reused at every step, dropped on exit so that an updated adapter is seen."""
+    model = copy.deepcopy(adapted).to(torch.bfloat16)
+    for _, m in lora.lora_modules(model):  # fp32 masters, as train.py keeps them
+        m.lora_A.float()
+        m.lora_B.float()
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        plain = model(ids).logits
+        with lora.cast_once(model):
+            once = model(ids).logits
+            module = lora.lora_modules(model)[0][1]
+            (cast,) = module.sampling_casts.values()
+            assert cast[0].dtype == torch.bfloat16 and model(ids).logits.equal(once)
+            assert next(iter(module.sampling_casts.values()))[0] is cast[0]  # reused, not cast again
+        assert plain.equal(once) and module.sampling_casts is None
+        module.lora_B["default"].weight.add_(1.0)  # an optimizer step
+        with lora.cast_once(model):
+            assert not model(ids).logits.equal(once)
+    seen = []
+    handle = module.register_forward_pre_hook(lambda m, args: seen.append(m.sampling_casts is not None))
+    try:
+        rollout.generate(model, tokenizer, ["Hi"], samples_per_prompt=2, max_new_tokens=3, share_prefix=False)
+    finally:
+        handle.remove()
+    assert len(seen) == 3 and all(seen)
