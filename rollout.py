@@ -1,8 +1,9 @@
 """Rollouts: from "a list of problems" to sampled completions (Algorithm 1, lines 2 and 7).
 
 Prompts (the appendix's, word for word), `load_problems`, `load_policy` (a Hugging Face model or the code-built
-"tiny"), and `generate`: y ~ softmax(logits / T) with Hugging Face `generate`, returning `Completion`s that carry the
-sampler's log-probabilities (the importance ratio's denominator in train.py) and entropies.
+"tiny"), and `generate`: y ~ softmax(logits / T) with Hugging Face `generate` (or fastgen.py, engine="fast"),
+returning `Completion`s that carry the sampler's log-probabilities (the importance ratio's denominator in train.py)
+and entropies.
 
 Choices the paper leaves open:
   1. Plain temperature sampling from the full softmax: no top-k, top-p, min-p or repetition penalty, whatever the
