@@ -361,6 +361,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--majority-subsets", type=int, help="k-subsets averaged per majority@k value")
     p.add_argument("--tokens-per-call", type=int, default=2**21,
                    help="traces x max_new_tokens per rollout.generate call; the cache is written after each call")
+    p.add_argument("--generation", choices=rollout.ENGINES, default="hf", help="sampler: hf (transformers generate) "
+                   "or fast (fastgen.py, Qwen3 only)")
     p.add_argument("--micro-batch-size", type=int,
                    help="sequences per model.generate (default: rollout.generate picks by token count)")
     cfg = p.parse_args(argv)
@@ -492,7 +494,8 @@ def policy_identity(policy: dict, cfg, dtype) -> dict:
                 h.update(str(f.relative_to(policy["adapter"])).encode() + f.read_bytes())
         adapter = h.hexdigest()
     return {"format": 2, "model": model, "adapter": adapter, "seed": cfg.seed, "temperature": cfg.temperature,
-            "dtype": str(dtype).removeprefix("torch.")}
+            "dtype": str(dtype).removeprefix("torch."),
+            **({"generation": "fast"} if getattr(cfg, "generation", "hf") == "fast" else {})}  # hf: keys as before
 
 
 def load_policies(cfg) -> dict[str, dict]:
@@ -511,6 +514,9 @@ def load_policies(cfg) -> dict[str, dict]:
             except Exception as e:  # unknown Hub id, missing directory, no network, not a model
                 raise UsageError(f"cannot load the model {name} of policy {label}: {str(e).splitlines()[0]}") from None
             model = model.eval()
+            if getattr(cfg, "generation", "hf") == "fast" and rollout.fastgen.supports(model):
+                raise UsageError(f"--generation fast: {rollout.fastgen.supports(model)}")
+            model.generation_engine = getattr(cfg, "generation", "hf")  # rollout.generate's engine for this model
             bases[name] = model, tokenizer, model.get_input_embeddings().weight.dtype
         model, tokenizer, dtype = bases[name]
         search = aggregation = lambda m=model: use_adapter(m, None)  # noqa: E731

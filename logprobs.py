@@ -16,7 +16,18 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
+
+# Every attention of the project (sampling, log-probs, the training forward and its backward) runs under this choice.
+ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention_backends():
+    """A context in which scaled_dot_product_attention may use flash, memory-efficient or math attention, never
+    cuDNN attention: on an H100 (torch 2.11, cu130) cuDNN's kernel fails mid-generation ("mha_graph.execute ...
+    is_good()", issue 18), and torch picks it by default there. Same results on a CPU, where cuDNN never runs."""
+    return sdpa_kernel(ATTENTION_BACKENDS)
 
 
 @dataclass
@@ -158,10 +169,11 @@ def completion_logprobs(model, batch: TokenBatch, temperature: float = 1.0, chun
     """
     if bool(batch.completion_mask[:, 0].any()):
         raise ValueError("logprobs: a completion token at position 0 has no context to be predicted from")
-    decoder, head = decoder_and_head(model, batch)
     position_ids = position_ids_from_mask(batch.attention_mask)  # (B, T)
-    hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                     position_ids=position_ids, use_cache=False).last_hidden_state  # (B, T, H)
+    with attention_backends():  # no cuDNN attention: it crashes on H100s (issue 18); train.py wraps the backward too
+        decoder, head = decoder_and_head(model, batch)  # its one-time probe runs the model too
+        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                         position_ids=position_ids, use_cache=False).last_hidden_state  # (B, T, H)
     # The hidden state at t predicts token t+1: keep the positions whose NEXT token is a completion token.
     predicts_completion = batch.completion_mask[:, 1:]  # (B, T-1)
     hidden_N = hidden[:, :-1][predicts_completion]  # (N, H)

@@ -41,6 +41,7 @@ class LoRALinear(nn.Module):
         self.lora_B = nn.ModuleDict()  # name -> Linear(r, out): weight (out, r)
         self.scaling: dict[str, float] = {}
         self.active_adapter: str | None = None
+        self.sampling_casts: dict | None = None  # (name, dtype) -> (A, B) cast once; only inside cast_once()
 
     def add_adapter(self, name: str, rank: int, alpha: float) -> None:
         weight = self.base_layer.weight
@@ -56,7 +57,13 @@ class LoRALinear(nn.Module):
         if name is None:
             return y
         # Cast the fp32 masters to the input's dtype, as autocast would: bf16 tensor-core matmuls on a GPU.
-        A, B = self.lora_A[name].weight.to(x.dtype), self.lora_B[name].weight.to(x.dtype)  # (r, in), (out, r)
+        A, B = self.lora_A[name].weight, self.lora_B[name].weight  # (r, in), (out, r)
+        if self.sampling_casts is None:
+            A, B = A.to(x.dtype), B.to(x.dtype)
+        else:  # sampling: one cast per generate call, not one per projection per decoding step
+            if (name, x.dtype) not in self.sampling_casts:
+                self.sampling_casts[name, x.dtype] = A.detach().to(x.dtype), B.detach().to(x.dtype)
+            A, B = self.sampling_casts[name, x.dtype]
         return y + F.linear(F.linear(x, A), B) * self.scaling[name]  # (..., out)
 
 
@@ -118,6 +125,21 @@ def use_adapter(model: nn.Module, name: str | None):
     finally:
         for m, p in zip(modules, previous):
             m.active_adapter = p
+
+
+@contextlib.contextmanager
+def cast_once(model: nn.Module):
+    """Inside, every LoRALinear casts an adapter's fp32 A and B to the activations' dtype once and reuses the casts
+    (bit for bit the same values, without gradients): for sampling, where the weights do not change. On exit the
+    casts are dropped, so a later optimizer step or load_adapter is always seen."""
+    modules = [m for _, m in lora_modules(model)]
+    for m in modules:
+        m.sampling_casts = {}
+    try:
+        yield model
+    finally:
+        for m in modules:
+            m.sampling_casts = None
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Rollouts: from "a list of problems" to sampled completions (Algorithm 1, lines 2 and 7).
 
 Prompts (the appendix's, word for word), `load_problems`, `load_policy` (a Hugging Face model or the code-built
-"tiny"), and `generate`: y ~ softmax(logits / T) with Hugging Face `generate`, returning `Completion`s that carry the
-sampler's log-probabilities (the importance ratio's denominator in train.py) and entropies.
+"tiny"), and `generate`: y ~ softmax(logits / T) with Hugging Face `generate` (or fastgen.py, engine="fast"),
+returning `Completion`s that carry the sampler's log-probabilities (the importance ratio's denominator in train.py)
+and entropies.
 
 Choices the paper leaves open:
   1. Plain temperature sampling from the full softmax: no top-k, top-p, min-p or repetition penalty, whatever the
@@ -23,7 +24,12 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+import fastgen
+from logprobs import attention_backends
+from lora import cast_once
+
 DEFAULT_MODEL = "Qwen/Qwen3-4B-Instruct-2507"
+ENGINES = ("hf", "fast")  # generate's samplers: Hugging Face generate (the reference), fastgen.py
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -93,6 +99,12 @@ BUNDLED = {  # name -> file in data/ (provenance and licenses: data/SOURCES.md)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(:[^:]+)?$")  # "owner/name" or "owner/name:file/in/repo.jsonl"
 
 
+# Policies and problem sets built in code, by name: tiny.py registers "tiny" and "tiny_sums" when imported (this
+# module never imports tiny.py, which imports this one: no import cycle). train.py and evaluate.py import tiny.
+CODE_BUILT_POLICIES: dict = {}  # name -> fn(device) -> (model, tokenizer)
+CODE_BUILT_PROBLEMS: dict = {}  # name -> fn() -> list[Problem]
+
+
 class ProblemFileError(ValueError):
     """A malformed problem file: the message names the file, the line number and the field."""
 
@@ -112,16 +124,15 @@ def load_problems(source: str) -> list[Problem]:
     """
     if source in BUNDLED:
         return _read_jsonl(os.path.join(DATA_DIR, BUNDLED[source]))
-    if source == "tiny_sums":  # the CPU demo's task, generated in code
-        from tiny import tiny_sum_problems
-        return tiny_sum_problems()
+    if source in CODE_BUILT_PROBLEMS:  # "tiny_sums": the CPU demo's task, generated in code
+        return CODE_BUILT_PROBLEMS[source]()
     if os.path.exists(source):
         return _read_jsonl(source)
     if HUB_ID.match(source) and not source.partition(":")[0].endswith((".jsonl", ".json")):
         return [problem for path in _fetch_from_hub(source) for problem in _read_jsonl(path)]
     raise FileNotFoundError(
-        f"problem source {source!r} is not a bundled set ({', '.join([*BUNDLED, 'tiny_sums'])}), an existing file, "
-        f"or a Hub dataset id like 'POLARIS-Project/Polaris-Dataset-53K'"
+        f"problem source {source!r} is not a bundled set ({', '.join([*BUNDLED, *CODE_BUILT_PROBLEMS])}), an "
+        f"existing file, or a Hub dataset id like 'POLARIS-Project/Polaris-Dataset-53K'"
     )
 
 
@@ -187,7 +198,7 @@ def check_model(name: str) -> None:
     """Fail fast, with a one-line ValueError, on a model that load_policy cannot load: a directory without
     config.json, or a Hub id that is neither cached nor on a reachable Hub (instead of ~50 s of retries)."""
     local = os.path.expanduser(name)
-    if name == "tiny" or os.path.isfile(os.path.join(local, "config.json")):
+    if name in CODE_BUILT_POLICIES or os.path.isfile(os.path.join(local, "config.json")):
         return
     if os.path.isdir(local):
         raise ValueError("no config.json, so not a model directory")
@@ -248,9 +259,8 @@ def load_policy(name_or_path: str = DEFAULT_MODEL, device: str | None = None, dt
     every call), on `device` (default cuda if available) in `dtype` (see `resolve_dtype`), sdpa attention."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = resolve_dtype(dtype, device)
-    if name_or_path == "tiny":
-        from tiny import load_tiny_policy  # imported here: tiny.py imports this module
-        model, tokenizer = load_tiny_policy(device)
+    if name_or_path in CODE_BUILT_POLICIES:  # "tiny"
+        model, tokenizer = CODE_BUILT_POLICIES[name_or_path](device)
         return model.to(torch_dtype), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -334,6 +344,7 @@ def generate(
     tokens_per_micro_batch: int | None = None,
     progress: bool = False,
     share_prefix: bool = True,
+    engine: str | None = None,
 ) -> list[list[Completion]]:
     """`samples_per_prompt` completions y ~ softmax(logits / temperature) per user message x (Algorithm 1, lines 2
     and 7), one list per prompt, in order; the chat template is applied here.
@@ -344,9 +355,17 @@ def generate(
     most `micro_batch_size` sequences, by default as many as fit `tokens_per_micro_batch` (prompt + completion)
     tokens of KV cache (default `generation_token_budget(model)`). share_prefix: the copies of a prompt share one
     prefill (`_prefill_shared_prefix`; falls back to a prefill per copy if the cache cannot be repeated).
+    engine: "hf" (Hugging Face `generate`, the readable reference) or "fast" (fastgen.py: Qwen3 only, always one
+    prefill per prompt, a static KV cache, a compiled decode step on CUDA); None: model.generation_engine if set,
+    else "hf". Both return the same kind of Completions, with the sampler's own log-probs.
     """
     if samples_per_prompt < 1 or max_new_tokens < 1 or not temperature > 0:
         raise ValueError("need samples_per_prompt >= 1, max_new_tokens >= 1 and temperature > 0")
+    engine = engine or getattr(model, "generation_engine", None) or "hf"
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r}: expected {' or '.join(ENGINES)}")
+    if engine == "fast" and fastgen.supports(model):
+        raise ValueError(fastgen.supports(model))
     prompt_ids_P = [chat_prompt_ids(tokenizer, prompt) for prompt in prompts]
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]  # only fills the left
@@ -365,10 +384,10 @@ def generate(
     model.eval()  # no dropout while sampling; and gradient checkpointing in train mode would turn the KV cache off
     try:
         for prompt_indices, copies in calls:
-            completion_ids_B, logprobs_B, entropies_B = _sample_micro_batch(
-                model, [prompt_ids_P[i] for i in prompt_indices], copies, max_new_tokens, temperature, eos_ids, pad_id,
-                share_prefix,
-            )
+            args = (model, [prompt_ids_P[i] for i in prompt_indices], copies, max_new_tokens, temperature, eos_ids,
+                    pad_id)
+            completion_ids_B, logprobs_B, entropies_B = (
+                fastgen.sample_micro_batch(*args) if engine == "fast" else _sample_micro_batch(*args, share_prefix))
             rows_of_prompt = [i for i in prompt_indices for _ in range(copies)]  # same order as repeat_interleave
             for i, token_ids, token_logprobs, token_entropies in zip(rows_of_prompt, completion_ids_B, logprobs_B,
                                                                       entropies_B):
@@ -517,6 +536,12 @@ def _left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Te
     return input_ids.to(device), attention_mask.to(device)
 
 
+def cache_keyword(model) -> str:
+    """The name under which `model` takes and returns its KV cache: "cache" from transformers 5.2x on (where
+    "past_key_values" still works but warns that it is deprecated), "past_key_values" before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()  # generate() is no_grad, this prefill must be too: LoRA weights require grad in training
 def _prefill_shared_prefix(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int):
     """KV cache of every prompt but its last token, computed once and repeated `copies` times along the batch.
@@ -530,7 +555,7 @@ def _prefill_shared_prefix(model, input_ids: torch.Tensor, attention_mask: torch
     outputs = model(  # logits_to_keep=1: no lm_head over the whole prompt
         input_ids=input_ids[:, :-1], attention_mask=prefix_mask, position_ids=position_ids, use_cache=True, **extra
     )
-    cache = outputs.past_key_values
+    cache = getattr(outputs, cache_keyword(model))
     try:
         cache.batch_repeat_interleave(copies)  # (P, ...) -> (P * copies, ...), rows p0, p0, ..., p1, p1, ...
     except (AttributeError, NotImplementedError):
@@ -545,13 +570,14 @@ def _sample_micro_batch(model, prompt_ids, copies, max_new_tokens, temperature, 
     prompt_length = input_ids.shape[1]
     extra = {}
     if share_prefix and copies > 1 and prompt_length > 1:
-        cache = _prefill_shared_prefix(model, input_ids, attention_mask, copies)
+        with attention_backends():  # no cuDNN attention: it crashes on H100s (issue 18)
+            cache = _prefill_shared_prefix(model, input_ids, attention_mask, copies)
         if cache is not None:
-            extra["past_key_values"] = cache
+            extra[cache_keyword(model)] = cache
     input_ids = input_ids.repeat_interleave(copies, dim=0)  # (B, L), B = P * copies
     attention_mask = attention_mask.repeat_interleave(copies, dim=0)  # (B, L)
     recorder = SamplerLogprobs(temperature, prompt_length)
-    with _bare_generation_defaults(model, eos_ids, pad_id):
+    with _bare_generation_defaults(model, eos_ids, pad_id), attention_backends(), cast_once(model):  # no cuDNN (#18)
         sequences = model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,

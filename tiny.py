@@ -20,6 +20,7 @@ from transformers import GenerationConfig
 
 from logprobs import TokenBatch, completion_logprobs
 from lora import replace_dir, write_json_atomic
+import rollout
 from rollout import DATA_DIR, Problem, aggregation_prompt, chat_prompt_ids, search_prompt
 
 # The tiny preset's base model: the output of warm_start, shipped with the repository (3.7 MB).
@@ -223,3 +224,8 @@ def rebuild_warm_start(out_dir: str = WARM_START_DIR, seed: int = 0) -> str:
         raise FileExistsError(f"{out_dir} exists and is not a warm start (no warm_start.json); refusing to replace it")
     warm_start(out_dir, seed=seed)
     return out_dir
+
+
+# rollout.load_policy("tiny") and rollout.load_problems("tiny_sums") find these here (rollout never imports tiny).
+rollout.CODE_BUILT_POLICIES["tiny"] = load_tiny_policy
+rollout.CODE_BUILT_PROBLEMS["tiny_sums"] = tiny_sum_problems

@@ -42,13 +42,14 @@ import numpy as np
 import torch
 
 import checkpoint
+import fastgen
 import figures
 import reward
 import rollout
 import setsample
 import spiral
 import tiny
-from logprobs import TokenBatch, completion_logprobs
+from logprobs import TokenBatch, attention_backends, completion_logprobs
 from lora import TARGET_MODULES, add_lora, adapter_names, export_adapters, lora_parameters, replace_dir, use_adapter
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -102,6 +103,8 @@ class TrainConfig:
                                                  "the GPU's free memory minus a headroom; CPU: 131,072)")
     dtype: Literal["auto", "bfloat16", "float32"] = option("auto", "model weights and activations (auto: bfloat16 "
                                                            "on a GPU, float32 on a CPU); LoRA weights stay float32")
+    generation: Literal["hf", "fast"] = option("hf", "sampler: hf (transformers generate, the reference) or fast "
+                                               "(fastgen.py: static KV cache, CUDA graphs; Qwen3 only)")
     gradient_checkpointing: bool = option(True, "recompute decoder-layer activations in the backward pass")
     device: str | None = option(None, "cuda or cpu (default: cuda if available)")
     cpu_threads: int | None = option(None, "torch threads on a CPU (default: torch's choice; tiny: 1)")
@@ -196,7 +199,7 @@ def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature:
 
     loss_sum, ratios, entropy_by_role, tokens = 0.0, [], {}, 0
     for name, group in by_adapter.items():
-        with use_adapter(model, name):
+        with use_adapter(model, name), attention_backends():  # no cuDNN attention (issue 18), backward's recompute too
             lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in group]
             for indices in pack_micro_batches(lengths, micro_batch_tokens):
                 micro = [group[i] for i in indices]
@@ -350,6 +353,9 @@ def start_run(cfg: TrainConfig, problems):
                                                                                 else "cpu"), dtype=cfg.dtype)
     except Exception as exc:  # noqa: BLE001 - a bad model directory fails in many ways; one line names it
         raise ConfigError(f"--model {cfg.model}: cannot load it ({checkpoint.first_line(exc)})") from exc
+    if cfg.generation == "fast" and fastgen.supports(model):
+        raise ConfigError(f"--generation fast: {fastgen.supports(model)}")
+    model.generation_engine = cfg.generation  # every rollout.generate call of the run (spiral.py's included)
     prompt_lengths = [len(rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(p.problem))) for p in problems]
     kept = [p for p, n in zip(problems, prompt_lengths) if n <= cfg.max_prompt_tokens]
     if not kept:
@@ -387,7 +393,8 @@ def start_run(cfg: TrainConfig, problems):
 
 # May change on --resume: none changes the algorithm (only an unchanged resume is bit-exact, though).
 RESUME_MUTABLE = {"steps", "save_every", "out", "resume", "overwrite", "device", "cpu_threads", "plot",
-                  "micro_batch_tokens", "logprob_chunk_size", "generation_batch_size", "generation_tokens"}
+                  "micro_batch_tokens", "logprob_chunk_size", "generation_batch_size", "generation_tokens",
+                  "generation"}
 
 
 class ConfigError(Exception):

@@ -39,10 +39,18 @@ CPU part (runs in CI at --small size):
               returned to the OS (malloc_trim), the kernel's peak-RSS counter is reset (/proc/self/clear_refs 5),
               and the path's peak is VmHWM - VmRSS measured before it (fallback: ru_maxrss delta). tracemalloc
               would see none of torch's allocations, and torch has no CPU peak-memory counter.
+  7. decode   one decode step of rollout.generate(engine="hf") and engine="fast" (fastgen.py, eager on a CPU) on the
+              tiny model at batch 64 (8 prompts x 8 samples, LoRA r=32 active): milliseconds per step (generate
+              with 1 + n new tokens minus with 1, over n; minimum of repeats), a proxy for per-step overhead; and the
+              bytes a step copies besides reading the weights and the cache (CopyCounter: concatenations such as a
+              DynamicCache growing, copies such as expanded K/V heads or the logits' fp32 copy, masks).
+GPU rows 2-4 take --engine hf|fast (fast: the decode step compiled with CUDA graphs).
 
 Run it (from the repository root):
     python benchmarks/bench.py --cpu --json cpu.json                   # 5, at 4,096 tokens (~4 min, shared 2-core CPU)
-    python benchmarks/bench.py --cpu --small                           # 5, at 512 tokens (what CI runs)
+    python benchmarks/bench.py --cpu --small                           # 5, at 512 tokens, and 7 (what CI runs)
+    python benchmarks/bench.py --cpu --cpu-parts decode --json d.json  # 7 alone (~1 min)
+    python benchmarks/bench.py --only generate --engine fast           # 2 with fastgen.py
     python benchmarks/bench.py --json gpu.json                         # 1-4 on a CUDA GPU (see README for time)
     python benchmarks/bench.py --only train,generate                   # a subset
     python benchmarks/bench.py --size toy --device cpu                 # the GPU code path on a toy model, on CPU
@@ -73,6 +81,7 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config  # noqa: E402
 
 import rollout  # noqa: E402
@@ -385,7 +394,11 @@ def measure_generate(model, tokenizer, scale: Scale, device: str, floors: dict, 
     V, cfg = model.config.vocab_size, model.config
     prompts = [rollout.search_prompt(random_words(scale.problem_tokens, V, rng)) for _ in range(scale.gen_prompts)]
     batch = scale.gen_prompts * scale.gen_samples
-    _timed_generate(model, tokenizer, prompts[:1], samples=2, new_tokens=4, device=device, adapter=adapter)  # warm-up
+    if getattr(model, "generation_engine", "hf") == "fast":  # compiled per (batch, cache length): warm up at both
+        _timed_generate(model, tokenizer, prompts, samples=scale.gen_samples, new_tokens=scale.gen_new_tokens,
+                        device=device, micro_batch_size=batch, adapter=adapter)
+    else:
+        _timed_generate(model, tokenizer, prompts[:1], samples=2, new_tokens=4, device=device, adapter=adapter)
     out, meter = _timed_generate(model, tokenizer, prompts, samples=scale.gen_samples,
                                  new_tokens=scale.gen_new_tokens, device=device, micro_batch_size=batch,
                                  adapter=adapter)
@@ -532,9 +545,11 @@ def run_gpu_part(args) -> dict:
     model, tokenizer = build_policy(args.size, device, dtype)
     lora.add_lora(model, rank=32, alpha=32.0)  # train.py's setup: rank 32 on every projection, checkpointing
     train.enable_gradient_checkpointing(model)
+    model.generation_engine = args.engine  # rollout.generate's default engine for this model (rows 2-4)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
     floors = measure_floors(device, dtype, args.size)
     results = {"device": name, "date": time.strftime("%Y-%m-%d"), "size": args.size, "dtype": str(dtype),
+               "engine": args.engine,
                "torch": torch.__version__, "scale": dataclasses.asdict(scale), "floors": floors,
                "datasheet_bf16_TFLOPs": datasheet_tflops(name)}
     print(f"bench.py: {args.size} on {name}: copy {floors['copy_bandwidth_GBps']:.0f} GB/s, "
@@ -689,13 +704,107 @@ def run_cpu_part(args) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 6. Command line
+# 7. CPU: one decode step of each generate engine (tiny model, batch 64, LoRA active); README row 6: eval_batching.py
+
+COPY_OPS = {"cat": "concatenation", "stack": "concatenation", "clone": "copy", "_to_copy": "copy", "copy_": "copy",
+            "contiguous": "copy", "repeat_interleave": "copy", "index_select": "copy", "where": "mask",
+            "masked_fill": "mask", "masked_fill_": "mask"}
+NECESSARY_OPS = {"index_copy_", "index_copy", "index_put_", "embedding"}  # the new token's K, V and embedding
+
+
+class CopyCounter(TorchDispatchMode):
+    """Bytes written by data-movement ops, by category: concatenations (cat, stack), copies (clone, casts, copy_,
+    repeat_interleave: expanded K/V heads land here), masks (any boolean result, where, masked_fill). Matmuls,
+    norms, activations and the sampler's (B, V) arithmetic are compute, not copies; writing the new token's K and V
+    into a static cache (index_copy_) is necessary and counted apart."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes: dict[str, int] = {}
+        self.by_op: dict[str, int] = {}
+
+    SOURCE_ARG = {"copy_": 1, "index_copy_": 3, "index_put_": 2}  # in-place writes of part of a tensor: the source
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if func.is_view:  # a view writes nothing
+            return out
+        result = args[self.SOURCE_ARG.get(name, 0)] if name.endswith("_") else out
+        results = result if isinstance(result, (tuple, list)) else [result]
+        tensors = [t for t in results if isinstance(t, torch.Tensor)]
+        written = sum(t.numel() * t.element_size() for t in tensors)
+        category = ("necessary" if name in NECESSARY_OPS else COPY_OPS.get(name)
+                    or ("mask" if tensors and tensors[0].dtype == torch.bool else None))
+        if category and written:
+            self.bytes[category] = self.bytes.get(category, 0) + written
+            self.by_op[f"{category}:{name}"] = self.by_op.get(f"{category}:{name}", 0) + written
+        return out
+
+
+def _decode_run(model, tokenizer, prompts, samples: int, new_tokens: int, engine: str, counter=None) -> float:
+    torch.manual_seed(0)
+    with counter or contextlib.nullcontext():
+        t0 = time.perf_counter()
+        rollout.generate(model, tokenizer, prompts, samples_per_prompt=samples, max_new_tokens=new_tokens,
+                         micro_batch_size=len(prompts) * samples, engine=engine)
+        return time.perf_counter() - t0
+
+
+def measure_decode(model, tokenizer, prompts, samples: int, steps: int, repeats: int, engine: str) -> dict:
+    """Milliseconds and bytes copied per decode step: generate with 1 + steps new tokens minus generate with 1 (the
+    prefill and the first sample), over steps. Time: the minimum of `repeats`; bytes: CopyCounter, once."""
+    times = {n: min(_decode_run(model, tokenizer, prompts, samples, n, engine) for _ in range(repeats))
+             for n in (1, 1 + steps)}
+    counts = {}
+    for n in (1, 1 + steps):
+        counts[n] = CopyCounter()
+        _decode_run(model, tokenizer, prompts, samples, n, engine, counts[n])
+    def per_step(table: str) -> dict:
+        long, short = getattr(counts[1 + steps], table), getattr(counts[1], table)
+        return {k: (v - short.get(k, 0)) / steps for k, v in long.items()}
+
+    copied = per_step("bytes")
+    return {"engine": engine, "ms_per_step": 1000 * (times[1 + steps] - times[1]) / steps,
+            "seconds_1_token": times[1], f"seconds_{1 + steps}_tokens": times[1 + steps],
+            "bytes_copied_per_step": sum(v for k, v in copied.items() if k != "necessary"),
+            "bytes_per_step_by_category": copied, "bytes_per_step_by_op": per_step("by_op")}
+
+
+def run_decode_part(args) -> dict:
+    """7. Decode cost of engine="hf" against engine="fast": tiny model (random weights: rows rarely stop), LoRA r=32
+    active as train.py samples, 8 prompts x 8 samples = batch 64."""
+    steps, repeats = (8, 1) if args.small else (32, 5)
+    torch.manual_seed(0)
+    model, tokenizer = tiny.load_tiny_policy("cpu")
+    lora.add_lora(model, rank=32, alpha=32.0)
+    prompts = [rollout.search_prompt(p.problem) for p in tiny.tiny_sum_problems()[:8]]
+    cache_tokens = max(len(rollout.chat_prompt_ids(tokenizer, p)) for p in prompts) + steps
+    kv_step = 64 * kv_bytes_per_token(model.config, 4) * cache_tokens  # the cache one step reads, at the end
+    results = {"date": time.strftime("%Y-%m-%d"), "torch_threads": torch.get_num_threads(), "batch": 64,
+               "decode_steps": steps, "repeats": repeats, "kv_cache_bytes_read_last_step": kv_step,
+               "model": "tiny Qwen3 (4 layers, hidden 128, 4 heads / 2 KV heads), random weights, LoRA r=32, fp32"}
+    for engine in rollout.ENGINES:
+        r = results[engine] = measure_decode(model, tokenizer, prompts, 8, steps, repeats, engine)
+        print(f"[7 decode] {engine}: {r['ms_per_step']:.2f} ms per step at batch 64 ({results['torch_threads']} "
+              f"threads, min of {repeats}); copies {r['bytes_copied_per_step'] / 1e6:.3f} MB per step "
+              f"({', '.join(f'{k} {v / 1e6:.3f}' for k, v in r['bytes_per_step_by_category'].items())}); the KV "
+              f"cache a step reads: {kv_step / 1e6:.3f} MB")
+    return results
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 8. Command line
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--cpu", action="store_true", help="run the CPU part (5: log-prob memory) instead of the GPU part")
-    p.add_argument("--small", action="store_true", help="CPU part at 512 completion tokens, chunk 128 (CI)")
+    p.add_argument("--cpu", action="store_true", help="run the CPU part (5: log-prob memory, 7: decode step cost) "
+                                                        "instead of the GPU part")
+    p.add_argument("--cpu-parts", type=lambda s: s.split(","), default=["logprobs", "decode"],
+                   help="CPU part: comma-separated subset of logprobs,decode")
+    p.add_argument("--small", action="store_true", help="CPU part at 512 completion tokens, chunk 128, and 8 decode "
+                                                          "steps timed once (CI)")
     p.add_argument("--chunk-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="CPU part: chunk sizes to compare (the first gives logprob_memory_ratio); default: "
                         "train.py's logprob_chunk_size")
@@ -711,6 +820,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU part: sequences per generate call in the aggregation stage (default: rollout's)")
     p.add_argument("--step-problems", type=int, default=None, help="GPU part: problems in the SPIRAL step (default 1)")
     p.add_argument("--skip-grpo", action="store_true", help="GPU part: no GRPO step in measurement 4")
+    p.add_argument("--engine", choices=["hf", "fast"], default="hf",
+                   help="GPU part: rollout.generate's engine for 2-4 (fast: fastgen.py, compiled with CUDA graphs)")
     p.add_argument("--rollout-adapter", action=argparse.BooleanOptionalAction, default=True,
                    help="GPU part: sample with the LoRA adapter active, as train.py does (default on)")
     p.add_argument("--save-model", metavar="DIR",
@@ -728,7 +839,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_model:
         return save_random_model(args.save_model, args.size, args.device)
     if args.cpu:
-        results = run_cpu_part(args)
+        unknown = [k for k in args.cpu_parts if k not in ("logprobs", "decode")]
+        if unknown:
+            print(f"bench.py: error: --cpu-parts {','.join(unknown)}: choose from logprobs,decode", file=sys.stderr)
+            return 2
+        results = run_cpu_part(args) if "logprobs" in args.cpu_parts else {}
+        if "decode" in args.cpu_parts:
+            results["decode"] = run_decode_part(args)
     else:
         unknown = [k for k in args.only if k not in GPU_MEASUREMENTS]
         if unknown:

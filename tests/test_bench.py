@@ -127,3 +127,48 @@ def test_a_saved_random_model_trains_through_the_users_own_command(bench, tmp_pa
     assert row["aggregation_accuracy"] == 0.0  # nor answer: every reward is 0, so nothing is kept to train on
     assert (out / "adapter" / "adapter_config.json").is_file()
 
+
+
+def test_copy_counter_counts_written_bytes_by_category(bench):
+    """cat: its output; a view: nothing; index_copy_ into a big tensor: the source only; a boolean result: a mask;
+    a matmul: not a copy."""
+    big, row = torch.zeros(8, 100), torch.ones(8, 1)
+    with bench.CopyCounter() as counter:
+        torch.cat([big, big], dim=1)  # 8 x 200 x 4 bytes
+        big[:, :50].unsqueeze(0)  # views
+        big.index_copy_(1, torch.tensor([3]), row)  # 8 x 4 bytes
+        big > 0  # 800 bytes of mask
+        big @ big.T  # compute
+        big.t().contiguous()  # a copy: 3,200 bytes
+    assert counter.bytes == {"concatenation": 6400, "necessary": 32, "mask": 800, "copy": 3200}
+
+
+def test_decode_part_small_fast_path_copies_far_less(bench, tmp_path, capsys, one_thread):
+    """7 at --small: both engines timed per step, and the fast path's copies per step (no DynamicCache
+    concatenation, no fp32 copy of the logits) a small fraction of the reference's."""
+    out = tmp_path / "decode.json"
+    assert bench.main(["--cpu", "--cpu-parts", "decode", "--small", "--json", str(out)]) == 0
+    assert capsys.readouterr().out.count("[7 decode]") == 2
+    r = json.loads(out.read_text())["decode"]
+    hf, fast = r["hf"], r["fast"]
+    assert r["batch"] == 64 and hf["ms_per_step"] > 0 and fast["ms_per_step"] > 0
+    # the reference re-concatenates the whole cache every step: more than half the bytes of the cache it reads
+    assert hf["bytes_per_step_by_category"]["concatenation"] > 0.5 * r["kv_cache_bytes_read_last_step"]
+    assert fast["bytes_copied_per_step"] < 0.15 * hf["bytes_copied_per_step"]
+    # the new token's K and V: 64 rows x 4 layers x 2 x 2 KV heads x 32 x 4 bytes, written in place
+    assert fast["bytes_per_step_by_op"]["necessary:index_copy_"] == 64 * 4 * 2 * 2 * 32 * 4
+
+
+def test_gpu_code_path_with_the_fast_engine_at_toy_size_on_cpu(bench, tmp_path):
+    out = tmp_path / "toy-fast.json"
+    calls = []
+    real = bench.rollout.fastgen.sample_micro_batch
+    bench.rollout.fastgen.sample_micro_batch = lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs)
+    try:
+        assert bench.main(["--size", "toy", "--device", "cpu", "--engine", "fast", "--only", "generate",
+                           "--max-new-tokens", "4", "--json", str(out)]) == 0
+    finally:
+        bench.rollout.fastgen.sample_micro_batch = real
+    r = json.loads(out.read_text())
+    assert r["engine"] == "fast" and r["generate"]["tokens_per_s"] > 0 and len(calls) == 2  # warm-up, measured
+    assert bench.main(["--cpu", "--cpu-parts", "decoding"]) == 2

@@ -40,3 +40,18 @@ def test_files_meant_to_be_copied_alone_import_no_project_module(name, allowed):
 
 def test_evaluate_does_not_need_the_training_code():
     assert "train" not in imported_modules(ROOT / "evaluate.py")
+
+
+def test_no_import_cycle_between_project_modules():
+    """A module's imports (function-level ones included) never lead back to it: rollout.py does not import tiny.py,
+    which imports rollout (tiny registers its policy and problems with rollout instead)."""
+    graph = {p.stem: imported_modules(p) & PROJECT - {p.stem} for p in ROOT.glob("*.py")}
+
+    def reaches(start, target, seen):
+        for name in graph.get(start, ()):
+            if name == target or (name not in seen and not seen.add(name) and reaches(name, target, seen)):
+                return True
+        return False
+
+    cycles = sorted(name for name in graph if reaches(name, name, set()))
+    assert not cycles, f"modules on an import cycle: {cycles}"

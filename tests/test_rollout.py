@@ -367,3 +367,18 @@ def test_micro_batches_fit_the_token_budget(tiny, monkeypatch):
     rollout.generate(model, tokenizer, PROMPTS, samples_per_prompt=4, max_new_tokens=2, micro_batch_size=12,
                      tokens_per_micro_batch=1)
     assert sizes == [12]
+
+
+def test_generate_passes_the_cache_without_a_deprecation_warning(tiny):
+    """The shared-prefix prefill hands its cache to `generate` under the model's own keyword ("cache" in
+    transformers 5.2x, "past_key_values" before), so no FutureWarning is printed on every run (issue 19)."""
+    import inspect
+    import warnings
+
+    model, tokenizer = tiny
+    assert rollout.cache_keyword(model) in inspect.signature(model.forward).parameters
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rollout.generate(model, tokenizer, ["Hi there, a prompt"], samples_per_prompt=3, max_new_tokens=2)
+    assert not [w for w in caught if issubclass(w.category, FutureWarning | DeprecationWarning)], \
+        [str(w.message) for w in caught]

@@ -1,0 +1,233 @@
+"""fastgen.py against the Hugging Face reference path (rollout.generate(engine="hf")) on the tiny Qwen3, with a LoRA
+adapter active: the sampler's log-probs and entropies equal teacher forcing through the HF model, the same torch
+seed draws the same tokens (same Completions), the sample distribution follows softmax(logits / T), EOS cutting and
+truncation, and one decode step traces into a single graph with no graph break (torch.compile fullgraph)."""
+
+import copy
+
+import pytest
+import torch
+
+import fastgen
+import lora
+import rollout
+import tiny  # noqa: F401  registers "tiny" with rollout.load_policy
+from test_rollout import PROMPTS, hostile_generation_config, stop_biased_model, teacher_forced
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return rollout.load_policy("tiny", device="cpu")[1]
+
+
+def with_adapter(model, seed=0, scale=0.05):
+    """The model with a LoRA adapter whose B is not zero, so that the adapter changes every projection."""
+    model = copy.deepcopy(model)
+    params = lora.add_lora(model, rank=4, alpha=8.0)  # alpha != r: the scale alpha / r must be applied
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
+@pytest.fixture(scope="module")
+def adapted(tokenizer):
+    return with_adapter(rollout.load_policy("tiny", device="cpu")[0])
+
+
+def run(model, tokenizer, engine, seed, prompts=PROMPTS, **kwargs):
+    torch.manual_seed(seed)
+    kwargs = {"samples_per_prompt": 3, "max_new_tokens": 12, "temperature": 0.7, **kwargs}
+    return rollout.generate(model, tokenizer, prompts, engine=engine, **kwargs)
+
+
+def test_fast_logprobs_and_entropies_equal_teacher_forcing(adapted, tokenizer):
+    """Left-padded prompts of three lengths, LoRA active, T = 0.7: every recorded log-prob and entropy is the HF
+    model's own, teacher-forced over the fast path's tokens."""
+    out = run(adapted, tokenizer, "fast", seed=0, micro_batch_size=9)
+    for prompt, group in zip(PROMPTS, out):
+        assert len(group) == 3
+        for c in group:
+            assert c.prompt_ids == rollout.chat_prompt_ids(tokenizer, prompt)
+            assert len(c.logprobs) == len(c.entropies) == len(c.completion_ids) == 12 and c.truncated
+            expected, expected_entropies = teacher_forced(adapted, c, temperature=0.7)
+            torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
+            torch.testing.assert_close(torch.tensor(c.entropies), expected_entropies, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("micro_batch_size", [9, 2])
+def test_same_seed_same_completions_as_the_reference(adapted, tokenizer, micro_batch_size):
+    """Both engines draw each token as argmax p / Exponential(1) from the same torch stream, so for one seed they
+    return the same Completions (log-probs up to float rounding): a check of the whole distribution at every step."""
+    fast = run(adapted, tokenizer, "fast", seed=3, micro_batch_size=micro_batch_size)
+    ref = run(adapted, tokenizer, "hf", seed=3, micro_batch_size=micro_batch_size)
+    for f, r in zip([c for g in fast for c in g], [c for g in ref for c in g]):
+        assert (f.prompt_ids, f.completion_ids, f.text, f.truncated) == (r.prompt_ids, r.completion_ids, r.text,
+                                                                         r.truncated)
+        torch.testing.assert_close(torch.tensor(f.logprobs), torch.tensor(r.logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(f.entropies), torch.tensor(r.entropies), atol=1e-5, rtol=0)
+
+
+def test_first_token_frequencies_follow_softmax_at_the_temperature(tokenizer):
+    """2,000 first tokens from the fast path follow softmax(logits / T) (a total-variation bound over five bins),
+    whatever sampling settings the model's generation_config asks for."""
+    favoured = [10, 11, 12, 13]
+    model = stop_biased_model(tokenizer, dict(zip(favoured, [6.0, 5.5, 5.0, 4.5])))
+    model.generation_config = hostile_generation_config(model)
+    temperature, n = 0.8, 2000
+    prompt_ids = rollout.chat_prompt_ids(tokenizer, PROMPTS[0])
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([prompt_ids])).logits[0, -1] / temperature, dim=-1)  # (V,)
+    expected = torch.cat([probs[favoured], 1 - probs[favoured].sum(0, keepdim=True)])  # (5,)
+    (group,) = run(model, tokenizer, "fast", seed=0, prompts=[PROMPTS[0]], samples_per_prompt=n, max_new_tokens=1,
+                   temperature=temperature)
+    first = torch.tensor([c.completion_ids[0] for c in group])
+    others = ~torch.isin(first, torch.tensor(favoured))
+    observed = torch.tensor([(first == t).float().mean() for t in favoured] + [others.float().mean()])  # (5,)
+    assert (observed - expected).abs().sum() / 2 < 0.05  # noise ~0.02; no temperature: 0.31, T^2: 0.18
+    assert abs(group[0].logprobs[0] - probs[group[0].completion_ids[0]].log().item()) < 1e-4
+
+
+def test_exponential_race_draws_each_token_with_its_probability():
+    """fastgen.sample on fixed logits, 20,000 rows: chi-square against p (4 degrees of freedom; 0.1% level 18.5)."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    p = torch.softmax(logits / 0.9, dim=-1)
+    torch.manual_seed(0)
+    token, logprob, entropy = fastgen.sample(logits.expand(20_000, 5), temperature=0.9)
+    counts = torch.bincount(token, minlength=5).float()
+    chi2 = float(((counts - 20_000 * p) ** 2 / (20_000 * p)).sum())
+    assert chi2 < 18.5
+    torch.testing.assert_close(logprob, p.log()[token])
+    torch.testing.assert_close(entropy, torch.full((20_000,), float(-(p * p.log()).sum())))
+
+
+def test_eos_cut_and_truncation_match_the_reference(tokenizer):
+    """Models that stop with p ~ 0.22 (then ~ 0.04) per step: rows end at different lengths, on either EOS id (one
+    of them the pad id); the fast path cuts them exactly as the reference does (same seed, same Completions), also
+    for rows that run past the first every-32-steps stop check."""
+    im_end, endoftext = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    for bias, max_new_tokens in ((5.0, 6), (3.0, 48)):
+        model = stop_biased_model(tokenizer, {im_end: bias, endoftext: bias})
+        fast, ref = (run(model, tokenizer, engine, seed=1, prompts=PROMPTS[:2], samples_per_prompt=16,
+                         max_new_tokens=max_new_tokens, temperature=1.0, micro_batch_size=32)
+                     for engine in ("fast", "hf"))
+        fast, ref = [c for g in fast for c in g], [c for g in ref for c in g]
+        assert [c.completion_ids for c in fast] == [c.completion_ids for c in ref]
+        assert [c.truncated for c in fast] == [c.truncated for c in ref]
+        for c in fast:
+            assert len(c.logprobs) == len(c.entropies) == len(c.completion_ids)
+            assert c.truncated == (c.completion_ids[-1] not in (im_end, endoftext))
+            assert not c.truncated or len(c.completion_ids) == max_new_tokens
+        assert {im_end, endoftext} <= {c.completion_ids[-1] for c in fast if not c.truncated}
+        assert any(c.truncated for c in fast) and not all(c.truncated for c in fast)
+    assert any(32 < len(c.completion_ids) < max_new_tokens for c in fast)  # stopped after a stop check
+
+
+def test_linear_casts_the_adapter_once_and_equals_loralinear(adapted):
+    """fastgen.Linear is LoRALinear's forward, base W x + (alpha / r) B A x, with A and B cast ahead of time."""
+    module = adapted.model.layers[1].self_attn.k_proj
+    x = torch.randn(5, 128)
+    torch.testing.assert_close(fastgen.Linear.of(module, torch.float32)(x), module(x), atol=1e-6, rtol=0)
+    bf16 = copy.deepcopy(module).to(torch.bfloat16)
+    for name in bf16.lora_A:  # the adapter keeps its fp32 masters, as in a bf16 training run
+        bf16.lora_A[name].float()
+        bf16.lora_B[name].float()
+    linear = fastgen.Linear.of(bf16, torch.bfloat16)
+    assert linear.A.dtype == linear.B.dtype == torch.bfloat16
+    torch.testing.assert_close(linear(x.bfloat16()), bf16(x.bfloat16()), atol=0, rtol=0)
+    with lora.use_adapter(adapted, None):
+        assert fastgen.Linear.of(module, torch.float32).A is None  # no adapter active: the base alone
+
+
+def test_decode_step_is_one_graph_with_the_adapter_active(adapted):
+    """torch.compile(fullgraph=True) needs one graph and no break: dynamo's trace of a decode step (the same tracer
+    torch.compile runs, without the minutes inductor takes on a CPU)."""
+    w = fastgen.weights_of(adapted)
+    cache = fastgen.KVCache(w, 4, 64, torch.float32, "cpu")
+    explanation = torch._dynamo.explain(fastgen.decode_one_token)(
+        w, cache, torch.tensor([5, 6, 7, 8]), torch.tensor(10), torch.tensor([0, 0, 2, 2]), 0.7)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+
+
+def test_fast_engine_refuses_other_architectures(tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(ValueError, match="Qwen3"):
+        rollout.generate(llama, tokenizer, ["Hi"], samples_per_prompt=1, max_new_tokens=2, engine="fast")
+    with pytest.raises(ValueError, match="engine"):
+        rollout.generate(llama, tokenizer, ["Hi"], samples_per_prompt=1, max_new_tokens=2, engine="vllm")
+
+
+def test_model_generation_engine_is_the_default(adapted, tokenizer, monkeypatch):
+    """model.generation_engine = "fast" (how train.py --generation fast reaches spiral's generate calls) selects
+    fastgen; an explicit engine= wins."""
+    calls = []
+    real = fastgen.sample_micro_batch
+    monkeypatch.setattr(fastgen, "sample_micro_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = copy.deepcopy(adapted)
+    model.generation_engine = "fast"
+    rollout.generate(model, tokenizer, ["Hi"], samples_per_prompt=2, max_new_tokens=2)
+    assert calls == [1]
+    rollout.generate(model, tokenizer, ["Hi"], samples_per_prompt=2, max_new_tokens=2, engine="hf")
+    assert calls == [1]
+
+
+def test_train_cli_samples_with_the_fast_engine(tmp_path, monkeypatch, capsys):
+    """train.py --generation fast: every rollout of the step goes through fastgen, and the learner's log-probs
+    reproduce the sampler's (importance ratios 1 up to fp32 rounding): the right importance-weight denominators."""
+    import json
+
+    import train
+
+    calls = []
+    real = fastgen.sample_micro_batch
+    monkeypatch.setattr(fastgen, "sample_micro_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = tmp_path / "run"
+    assert train.main(["--preset", "tiny", "--generation", "fast", "--steps", "1", "--batch-problems", "2",
+                       "--out", str(out), "--no-plot"]) == 0
+    assert len(calls) >= 2  # the search and the aggregation stage
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert 1 - 1e-4 < row["train/importance_ratio_min"] <= row["train/importance_ratio_max"] < 1 + 1e-4
+    assert json.loads((out / "config.json").read_text())["generation"] == "fast"
+    assert train.main(["--preset", "tiny", "--generation", "vllm", "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_reference_sampling_casts_the_adapter_once_per_call(adapted, tokenizer):
+    """lora.cast_once (which rollout's generate runs under): the same outputs bit for bit, one cast of A and B per
+    adapter and dtype reused at every step, dropped on exit so that an updated adapter is seen."""
+    model = copy.deepcopy(adapted).to(torch.bfloat16)
+    for _, m in lora.lora_modules(model):  # fp32 masters, as train.py keeps them
+        m.lora_A.float()
+        m.lora_B.float()
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        plain = model(ids).logits
+        with lora.cast_once(model):
+            once = model(ids).logits
+            module = lora.lora_modules(model)[0][1]
+            (cast,) = module.sampling_casts.values()
+            assert cast[0].dtype == torch.bfloat16 and model(ids).logits.equal(once)
+            assert next(iter(module.sampling_casts.values()))[0] is cast[0]  # reused, not cast again
+        assert plain.equal(once) and module.sampling_casts is None
+        module.lora_B["default"].weight.add_(1.0)  # an optimizer step
+        with lora.cast_once(model):
+            assert not model(ids).logits.equal(once)
+    seen = []
+    handle = module.register_forward_pre_hook(lambda m, args: seen.append(m.sampling_casts is not None))
+    try:
+        rollout.generate(model, tokenizer, ["Hi"], samples_per_prompt=2, max_new_tokens=3, share_prefix=False)
+    finally:
+        handle.remove()
+    assert len(seen) == 3 and all(seen)
