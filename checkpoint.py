@@ -300,6 +300,31 @@ def lock_run_dir(out_dir: str) -> None:
         os.close(old[0])
 
 
+def lock_file(path: str) -> None:
+    """evaluate.py's one writer per result: an exclusive flock on `path` (RESULT.json.lock), deleted by unlock_file.
+    Retried if the file was deleted between open and lock (a finishing run), so two processes never both hold it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise CheckpointError(f"{path[:-5]} is being written by another evaluate.py (its lock {path} is held); "
+                                  "wait for it to finish") from None
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                _LOCKS[os.path.abspath(path)] = (fd, True)
+                return
+        os.close(fd)
+
+
+def unlock_file(path: str) -> None:
+    fd, _ = _LOCKS.pop(os.path.abspath(path), (None, False))
+    if fd is not None:
+        os.remove(path)  # while still locked: a process that opened it in between retries on a new file
+        os.close(fd)
+
+
 def unlock_run_dir(out_dir: str) -> None:
     """Release lock_run_dir's lock; remove OUT if lock_run_dir created it and nothing was written in it."""
     fd, created = _LOCKS.pop(os.path.abspath(out_dir), (None, False))

@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import math
 import os
 import re
 import sys
@@ -48,11 +47,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import checkpoint
+import cli
 import figures
+import reward as grader
 import rollout
 import tiny
 from checkpoint import unwritable
-from lora import PEFT_PREFIX, load_adapter, resolve_base_path, use_adapter
+from lora import PEFT_PREFIX, load_adapter, lora_parameters, resolve_base_path, use_adapter
 from reward import extract_answer, reward
 from testtime import derive_seed, digest, majority_at_k, pass_at_k, recursive_self_aggregation
 
@@ -80,8 +82,11 @@ RSA_PRESETS = {
 }
 
 
-class UsageError(Exception):
-    """Bad input: reported as one line on stderr with exit code 2, before anything is generated."""
+UsageError = cli.ConfigError  # bad input: one line on stderr, exit code 2, before anything is generated
+
+
+class PolicyDiverged(Exception):
+    """Sampling met non-finite probabilities: one line on stderr, exit code 1."""
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -319,11 +324,6 @@ def summarize(records: list[dict], cfg) -> dict:
 # 3. Command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit code 2 (argparse would print the usage too)
-        raise UsageError(message)
-
-
 def _ints(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",")]
@@ -333,7 +333,7 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     """Flags, then preset values for every flag left unset, then validation (UsageError on bad input)."""
-    p = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=PRESETS, default="paper", help="defaults for every flag below (default paper)")
     p.add_argument("--policy", action="append", metavar="LABEL=PATH",
                    help="a policy to evaluate (repeat to compare): an adapter directory from train.py, applied to "
@@ -361,6 +361,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--majority-subsets", type=int, help="k-subsets averaged per majority@k value")
     p.add_argument("--tokens-per-call", type=int, default=2**21,
                    help="traces x max_new_tokens per rollout.generate call; the cache is written after each call")
+    p.add_argument("--max-prompt-tokens", type=int, default=4096,
+                   help="drop problems whose search prompt is longer, with a line saying so (train.py: 1024)")
     p.add_argument("--micro-batch-size", type=int,
                    help="sequences per model.generate (default: rollout.generate picks by token count)")
     cfg = p.parse_args(argv)
@@ -377,20 +379,22 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _validate(cfg) -> None:
-    positive = ["num_samples", "max_new_tokens", "majority_max_new_tokens", "rsa_set_size", "rsa_steps",
-                "majority_subsets", "limit", "micro_batch_size", "tokens_per_call"]
-    for name in positive:
-        value = getattr(cfg, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    bounds = {"num_samples": cli.MAX_TRACES_PER_PROBLEM, "max_new_tokens": cli.MAX_NEW_TOKENS,
+              "majority_max_new_tokens": cli.MAX_NEW_TOKENS, "rsa_set_size": cli.MAX_TRACES_PER_PROBLEM,
+              "rsa_steps": 1000, "majority_subsets": 100_000, "limit": cli.MAX_COUNT, "micro_batch_size": cli.MAX_COUNT,
+              "tokens_per_call": cli.MAX_COUNT, "max_prompt_tokens": cli.MAX_COUNT}
+    for name, limit in bounds.items():
+        cli.check_count(name, getattr(cfg, name), limit)
+    cli.check_seed(cfg.seed)
     if cfg.k_list is None:  # 1, 2, 4, ... and the number of samples itself
         cfg.k_list = sorted({2**i for i in range(cfg.num_samples.bit_length())} | {cfg.num_samples})
-    for name in ["k_list", "max_tokens_list", "rsa_populations"]:
+    for name, limit in [("k_list", cli.MAX_TRACES_PER_PROBLEM), ("max_tokens_list", cli.MAX_NEW_TOKENS),
+                        ("rsa_populations", cli.MAX_TRACES_PER_PROBLEM)]:
         if min(getattr(cfg, name)) < 1:
             raise UsageError(f"--{name.replace('_', '-')} values must be positive, got {getattr(cfg, name)}")
+        cli.check_count(name, max(getattr(cfg, name)), limit)
         setattr(cfg, name, sorted(set(getattr(cfg, name))))
-    if not 1e-4 <= cfg.temperature < math.inf:
-        raise UsageError(f"--temperature must be a finite number >= 1e-4, got {cfg.temperature}")
+    cli.check_temperature(cfg.temperature)  # the floor train.py has: the same constant
     if {"passk", "majority"} & set(cfg.methods) and max(cfg.k_list) > cfg.num_samples:
         raise UsageError(f"k={max(cfg.k_list)} in --k-list is larger than the {cfg.num_samples} samples drawn "
                          f"(--num-samples)")
@@ -429,6 +433,9 @@ def _resolve_policies(cfg) -> list[dict]:
         for sub in [adapter, *[d for d in [adapter / "aggregator"] if (d / "adapter_config.json").is_file()]]:
             _check_adapter_weights(sub, flag)
         model = _canonical(cfg.model if cfg.model_explicit or not base else base)
+        if not cfg.model_explicit and base and not os.path.isabs(base) and base.startswith("."):
+            raise UsageError(f"{flag}: its base model {base!r} (relative to the adapter) is not there; an adapter "
+                             "copied away from its run needs --model (the base it was trained on)")
         if base and model != _canonical(base):
             print(f"warning: {flag} was trained on {base}, evaluating it on {model}", file=sys.stderr)
         policies.append({"label": label, "model": model, "adapter": str(adapter)})
@@ -457,6 +464,8 @@ def _check_adapter_weights(adapter: Path, flag: str) -> None:
 
 def _check_out(cfg) -> None:
     """--out must be a new file or an earlier result of this script, in a writable directory (before generating)."""
+    if not cfg.out.strip():
+        raise UsageError("--out is empty; expected a JSON file path")
     out, png = Path(cfg.out), Path(cfg.out).with_suffix(".png")
     if out.is_dir() or out.suffix == ".png":
         raise UsageError(f"--out {out}: expected a JSON file path (the PNG goes next to it)")
@@ -525,6 +534,9 @@ def load_policies(cfg) -> dict[str, dict]:
                 except Exception as e:  # wrong keys or shapes for this base, unsupported options
                     raise UsageError(f"policy {label}: cannot load the adapter {directory}: "
                                      f"{str(e).splitlines()[0][:300]}") from None
+                if not all(bool(torch.isfinite(p).all()) for p in lora_parameters(model, adapter_name)):
+                    raise UsageError(f"policy {label}: the adapter {directory} holds non-finite weights (a diverged "
+                                     "run)")
             search = lambda m=model, a=adapters[0][0]: use_adapter(m, a)  # noqa: E731
             aggregation = lambda m=model, a=adapters[-1][0]: use_adapter(m, a)  # noqa: E731
         loaded[label] = {"model": model, "tokenizer": tokenizer, "search_adapter": search,
@@ -540,7 +552,14 @@ def run(cfg) -> int:
         raise UsageError(f"cannot load --data {cfg.data}: {e}") from None
     if not problems:
         raise UsageError(f"--data {cfg.data} holds no problems")
+    for model in dict.fromkeys(p["model"] for p in cfg.policies):
+        try:  # as train.py: an unreachable or unknown Hub id fails in seconds, not after ~50 s of retries
+            rollout.check_model(model)
+        except ValueError as e:
+            raise UsageError(f"model {model}: {e}") from None
+    checkpoint.lock_file(f"{cfg.out}.lock")  # one writer per result: a second evaluate.py on --out stops here
     policies = load_policies(cfg)  # all of them first: a bad adapter fails before anything is generated
+    problems = _short_enough(problems, policies.values(), cfg.max_prompt_tokens)
     if not torch.cuda.is_available() and any(sum(p.numel() for p in pol["model"].parameters()) > 10**8
                                              for pol in policies.values()):
         print("warning: no GPU; a full-size model will be very slow on a CPU (--preset tiny runs in seconds)",
@@ -550,8 +569,20 @@ def run(cfg) -> int:
         sampler = Sampler(pol["model"], pol["tokenizer"], cache, pol["identity"], tokens_per_call=cfg.tokens_per_call,
                           micro_batch_size=cfg.micro_batch_size, search_adapter=pol["search_adapter"],
                           aggregation_adapter=pol["aggregation_adapter"])
-        records = evaluate_policy(problems, sampler, cfg)
-        results[label] = {"policy": pol["identity"], "summary": summarize(records, cfg), "problems": records}
+        before = grader.grader_stats()
+        try:
+            records = evaluate_policy(problems, sampler, cfg)
+        except RuntimeError as e:  # torch.multinomial on inf/nan probabilities: NaN weights, a huge lora_alpha
+            if not re.search(r"\binf\b|\bnan\b", str(e)):
+                raise
+            raise PolicyDiverged(f"policy {label}: sampling met non-finite probabilities (the model's logits "
+                                 "overflow: a diverged adapter, or a lora_alpha too large for its weights)") from None
+        stats = {k: v - before[k] for k, v in grader.grader_stats().items()}
+        if stats["ungraded"]:
+            print(f"warning: policy {label}: {stats['ungraded']} answers scored 0 without a verdict "
+                  f"({stats['timeouts']} grader timeouts)", file=sys.stderr)
+        results[label] = {"policy": pol["identity"], "summary": summarize(records, cfg), "grader": stats,
+                          "problems": records}
 
     out = Path(cfg.out)
     config = {k: v for k, v in vars(cfg).items() if k not in ("model_explicit", "policy", "adapter")}
@@ -567,18 +598,38 @@ def run(cfg) -> int:
     return 0
 
 
+def _short_enough(problems, policies, max_prompt_tokens: int) -> list:
+    """The problems whose search prompt fits max_prompt_tokens for every policy's tokenizer (as train.py drops them:
+    a 2 MB problem would ask generate for a terabyte attention mask)."""
+    tokenizers = {id(p["tokenizer"]): p["tokenizer"] for p in policies}.values()
+    kept = [p for p in problems if all(len(rollout.chat_prompt_ids(t, rollout.search_prompt(p.problem)))
+                                       <= max_prompt_tokens for t in tokenizers)]
+    if not kept:
+        raise UsageError(f"every problem's prompt is longer than --max-prompt-tokens {max_prompt_tokens}")
+    if len(kept) < len(problems):
+        print(f"evaluate.py: dropped {len(problems) - len(kept)} of {len(problems)} problems longer than "
+              f"{max_prompt_tokens} prompt tokens", file=sys.stderr)
+    return kept
+
+
 def main(argv=None) -> int:
     cfg = None
     try:
         cfg = parse_args(argv)
         return run(cfg)
-    except UsageError as e:
+    except (UsageError, checkpoint.CheckpointError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2
+    except PolicyDiverged as e:
+        print(f"evaluate.py: error: {e}; nothing was written to --out", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         where = f"; the traces generated so far are cached in {cfg.cache_dir}: rerun to continue" if cfg else ""
         print(f"evaluate.py: interrupted{where}", file=sys.stderr)
         return 130
+    finally:
+        if cfg is not None:
+            checkpoint.unlock_file(f"{cfg.out}.lock")
 
 
 if __name__ == "__main__":
