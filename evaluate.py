@@ -114,6 +114,7 @@ class TraceCache:
         self.root = Path(root)
         self.generated = 0  # traces generated through this object
         self.reused = 0  # traces read from disk
+        self.corrupted: set[Path] = set()  # files found unreadable: their traces are drawn again as first drawn
 
     def path(self, key: dict) -> Path:
         return self.root / f"{digest(key)[:32]}.json"
@@ -130,6 +131,7 @@ class TraceCache:
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
             print(f"warning: corrupted cache file {path} ({type(e).__name__}: {str(e)[:80]}); generating its traces "
                   "again", file=sys.stderr)
+            self.corrupted.add(path)
             return []
 
     def write(self, key: dict, traces: list[Trace]) -> None:
@@ -176,9 +178,14 @@ class Sampler:
         with tqdm(total=missing, desc=desc, unit="trace", disable=None if missing else True) as bar:
             for call in calls:
                 todo = [j for j in call if len(traces[j]) < len(wanted[j])]
+                # A job whose cache file was corrupted is drawn again as a cold run drew it: the whole call from
+                # trace 0, same prompts, same seed (the seed and the batch come from the call's content, never from
+                # what the cache held); the other jobs' fresh traces are dropped, their cached ones kept.
+                redo = any(self.cache.path(keys[j]) in self.cache.corrupted for j in todo)
+                start = {j: 0 if redo else len(traces[j]) for j in (call if redo else todo)}
                 runs = []  # (job, prompt, copies)
-                for j in todo:
-                    rest = wanted[j][len(traces[j]):]
+                for j in start:
+                    rest = wanted[j][start[j]:]
                     if len(set(rest)) == 1:  # a search pool: copies of one prompt share one prefill in generate
                         runs.append((j, rest[0], len(rest)))
                     else:
@@ -186,7 +193,7 @@ class Sampler:
                 new = [[] for _ in runs]  # each run's traces
                 for copies in sorted({c for _, _, c in runs}):
                     group = [i for i, (_, _, c) in enumerate(runs) if c == copies]
-                    torch.manual_seed(derive_seed([(digests[j], len(traces[j])) for j in todo], copies))
+                    torch.manual_seed(derive_seed([(digests[j], start[j]) for j in start], copies))
                     completions = rollout.generate(
                         self.model, self.tokenizer, [runs[i][1] for i in group], samples_per_prompt=copies,
                         max_new_tokens=max_new_tokens, temperature=self.identity["temperature"],
@@ -194,10 +201,11 @@ class Sampler:
                     self.calls += 1
                     for i, row in zip(group, completions):
                         new[i] = [Trace(c.text, len(c.completion_ids), len(c.prompt_ids), c.truncated) for c in row]
-                fresh = {j: [] for j in todo}
+                fresh = {j: [] for j in start}
                 for (j, _, _), traces_of_run in zip(runs, new):  # in the job's own trace order
                     fresh[j] += traces_of_run
                 for j in todo:
+                    fresh[j] = fresh[j][len(traces[j]) - start[j]:]
                     traces[j] = traces[j] + fresh[j]
                     self.cache.write(keys[j], traces[j])
                     self.cache.generated += len(fresh[j])

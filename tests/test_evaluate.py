@@ -322,12 +322,14 @@ def test_a_corrupted_cache_file_is_named_and_regenerated(tiny_runs, capsys):
     first, _ = runs("--method", "passk", "--cache-dir", str(cache), out=runs.root / "corrupt.json")
     files = sorted(cache.glob("*.json"))
     assert len(files) == 2  # one pool per problem
+    drawn = json.loads(files[0].read_text())["traces"]
     files[0].write_text('{"key": {"stage": "sea')  # a torn file
     capsys.readouterr()
     second, prompts = runs("--method", "passk", "--cache-dir", str(cache), out=runs.root / "corrupt.json")
     assert f"corrupted cache file {files[0]}" in capsys.readouterr().err
-    assert len(prompts) == 1 and json.loads(files[0].read_text())["traces"]  # that problem's pool, rewritten
-    assert second["policies"]["base"]["problems"][1] == first["policies"]["base"]["problems"][1]
+    assert json.loads(files[0].read_text())["traces"] == drawn  # that problem's pool, rewritten with the same traces
+    assert len(prompts) == 2  # its whole call again (both problems), seeded as the first run seeded it
+    assert second["policies"]["base"] == first["policies"]["base"]  # so the same traces: the same result
 
 
 def _random_adapter(shared_model, directory, names=("default",)):
