@@ -221,11 +221,11 @@ def out_dir_problem(out_dir: str, *, resume: bool, overwrite: bool, keep: dict[s
     """Why a run may not write to out_dir, or None. A new run needs an absent or empty directory; --resume needs a
     checkpoint (or the config.json of a run that crashed before one); --overwrite needs a directory holding only
     what a run writes and none of `keep` (flag -> path: the model it trains, ...). All need write access."""
+    if out_dir and os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        return f"--out {out_dir} is a file, not a run directory"
     why = out_path_problem(out_dir)
     if why:
         return f"--out {out_dir!r}: {why}"
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        return f"--out {out_dir} is a file, not a run directory"
     if resume and saved_config(out_dir) is None:
         return f"--resume: no checkpoint in {out_dir}"
     if not resume and os.path.isdir(out_dir) and os.listdir(out_dir):
