@@ -249,3 +249,60 @@ def test_lock_file_is_exclusive_and_removed(tmp_path):
     finally:
         checkpoint.unlock_file(path)
     assert not os.path.exists(path)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# benchmarks/bench.py: every flag checked before anything is built or measured
+
+
+@pytest.fixture(scope="module")
+def bench():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench", os.path.join(ROOT, "benchmarks", "bench.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("bench", None)
+
+
+BENCH_BAD = {  # argv -> message
+    "device": (["--size", "toy", "--device", "gpu0"], "--device gpu0: expected cpu, cuda or cuda:N"),
+    "max-new-tokens 0": (["--size", "toy", "--device", "cpu", "--max-new-tokens", "0"], "--max-new-tokens must be a"),
+    "chunk 0": (["--cpu", "--chunk-sizes", "128,0"], "--chunk-sizes must be a positive integer"),
+    "save-model onto a file": (["--size", "toy", "--device", "cpu", "--save-model", "{d}/file"], "not an empty dir"),
+    "save-model in /proc": (["--size", "toy", "--device", "cpu", "--save-model", "/proc/m"], "/proc is not writable"),
+    "save-model empty": (["--size", "toy", "--device", "cpu", "--save-model", ""], "an empty path"),
+    "json a directory": (["--size", "toy", "--device", "cpu", "--json", "{d}"], "expected a file path"),
+    "json in /proc": (["--size", "toy", "--device", "cpu", "--json", "/proc/b.json"], "/proc is not writable"),
+    "json a user's file": (["--size", "toy", "--device", "cpu", "--json", "{d}/file"], "not written by bench.py"),
+    "not a number": (["--agg-prompts", "x"], "invalid int value"),
+}
+
+
+@pytest.mark.parametrize("case", list(BENCH_BAD))
+def test_bench_flags_are_checked_before_the_run(case, bench, tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("a user's notes")
+    for name in ("run_cpu_part", "run_gpu_part", "save_random_model", "build_policy"):
+        monkeypatch.setattr(bench, name, lambda *a, **k: pytest.fail("ran on bad input"))
+    argv, message = BENCH_BAD[case]
+    assert bench.main([a.replace("{d}", str(tmp_path)) for a in argv]) == 2
+    _one_line(capsys, "bench.py", message)
+    assert sorted(os.listdir(tmp_path)) == ["file"] and (tmp_path / "file").read_text() == "a user's notes"
+
+
+def test_bench_json_replaces_its_own_result_and_a_users_file_only_when_asked(bench, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run_gpu_part", lambda args: {"generate": {"tokens_per_s": 1.0}})
+    out = tmp_path / "r.json"
+    assert bench.main(["--size", "toy", "--device", "cpu", "--json", str(out)]) == 0
+    assert bench.main(["--size", "toy", "--device", "cpu", "--json", str(out)]) == 0  # its own: replaced
+    assert json.loads(out.read_text())["written_by"] == "bench.py"
+    out.write_text("mine")
+    assert bench.main(["--size", "toy", "--device", "cpu", "--json", str(out), "--overwrite"]) == 0
+
+
+def test_bench_refuses_a_4b_model_on_cpu_larger_than_memory(bench, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "save_random_model", lambda *a, **k: pytest.fail("built it"))
+    monkeypatch.setattr(bench, "_meminfo_kib", lambda field: 8 * 1024 * 1024)  # 8 GiB available
+    assert bench.main(["--size", "4b", "--device", "cpu", "--save-model", str(tmp_path / "m")]) == 2
+    _one_line(capsys, "bench.py", "builds 16 GB in fp32, more than the 9 GB available")
