@@ -22,7 +22,8 @@ Choices where the paper is silent, or where this code departs from it (more in t
  4. Batching and the cache: each stage (one pool, one RSA step) of all problems goes to rollout.generate in calls
     of at most --tokens-per-call, each seeded from its content. The same command twice gives the same results and
     the second run generates nothing; more samples, steps, budgets or problems generate only what is missing; a
-    run resumed after Ctrl-C repeats the calls it had not finished. A trace depends on which problems share its
+    run resumed after Ctrl-C repeats the calls it had not finished; a corrupted cache file's call is drawn again
+    from trace 0 with the first run's seed (its traces come back the same). A trace depends on which problems share its
     call (--limit, --tokens-per-call, --micro-batch-size): every variant is a valid i.i.d. draw.
 
 Run:
