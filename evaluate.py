@@ -171,6 +171,9 @@ class Sampler:
 
         unique = {digest(key): (key, prompts) for key, prompts in jobs}  # a repeated problem is one job
         digests, keys, wanted = list(unique), [k for k, _ in unique.values()], [p for _, p in unique.values()]
+        # Seeds come from the key without the model's name: a local model's absolute path would make the samples
+        # depend on where the checkout lives (the same command gave other results in another directory).
+        seeds = [digest({k: v for k, v in key.items() if k != "model"}) for key in keys]
         traces = [self.cache.read(key) for key in keys]
         self.cache.reused += sum(min(len(t), len(p)) for t, p in zip(traces, wanted))
         missing = sum(max(0, len(p) - len(t)) for t, p in zip(traces, wanted))
@@ -194,7 +197,7 @@ class Sampler:
                 new = [[] for _ in runs]  # each run's traces
                 for copies in sorted({c for _, _, c in runs}):
                     group = [i for i, (_, _, c) in enumerate(runs) if c == copies]
-                    torch.manual_seed(derive_seed([(digests[j], start[j]) for j in start], copies))
+                    torch.manual_seed(derive_seed([(seeds[j], start[j]) for j in start], copies))
                     completions = rollout.generate(
                         self.model, self.tokenizer, [runs[i][1] for i in group], samples_per_prompt=copies,
                         max_new_tokens=max_new_tokens, temperature=self.identity["temperature"],
@@ -509,7 +512,7 @@ def policy_identity(policy: dict, cfg, dtype) -> dict:
             if f.name == "adapter_config.json" or f.suffix == ".safetensors":
                 h.update(str(f.relative_to(policy["adapter"])).encode() + f.read_bytes())
         adapter = h.hexdigest()
-    return {"format": 2, "model": model, "adapter": adapter, "seed": cfg.seed, "temperature": cfg.temperature,
+    return {"format": 3, "model": model, "adapter": adapter, "seed": cfg.seed, "temperature": cfg.temperature,
             "dtype": str(dtype).removeprefix("torch.")}
 
 

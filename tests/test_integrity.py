@@ -306,3 +306,25 @@ def test_bench_refuses_a_4b_model_on_cpu_larger_than_memory(bench, tmp_path, mon
     monkeypatch.setattr(bench, "_meminfo_kib", lambda field: 8 * 1024 * 1024)  # 8 GiB available
     assert bench.main(["--size", "4b", "--device", "cpu", "--save-model", str(tmp_path / "m")]) == 2
     _one_line(capsys, "bench.py", "builds 16 GB in fp32, more than the 9 GB available")
+
+
+def test_samples_do_not_depend_on_where_the_model_lives(tiny_policy, tmp_path, monkeypatch):
+    """The same weights named by two paths (e.g. two checkouts of the repository) draw the same traces: seeds come
+    from the content of a call, not from the model's absolute path. (This made tests/test_evaluate.py's
+    comparisons pass in one checkout and fail in another.)"""
+    monkeypatch.setattr(rollout, "load_policy", _fake_load(tiny_policy))
+    texts, generate = [], rollout.generate
+
+    def recording(model, tokenizer, prompts, **kw):
+        completions = generate(model, tokenizer, prompts, **kw)
+        texts.append([c.text for row in completions for c in row])
+        return completions
+    monkeypatch.setattr(rollout, "generate", recording)
+    elsewhere = tmp_path / "a" / "copy-of-the-model"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "config.json").write_text("{}")
+    data = _data(tmp_path / "p.jsonl", "What is 1 + 1?", "What is 2 + 2?")
+    assert evaluate.main([*TINY, "--num-samples", "8", "--max-new-tokens", "12", "--data", data,
+                          "--policy", "here=tiny", "--policy", f"there={elsewhere}",
+                          "--out", str(tmp_path / "r.json")]) == 0
+    assert len(texts) == 2 and texts[0] == texts[1]
