@@ -379,7 +379,8 @@ def test_policies_are_compared_on_the_same_problems(tiny_runs, tmp_path, monkeyp
     assert loads == ["tiny"]  # one base model; the adapters are named LoRA adapters on it
     assert list(result["policies"]) == ["base", "lora", "again"]
     base, tuned, again = (result["policies"][k] for k in ("base", "lora", "again"))
-    assert base["summary"] == first["policies"]["base"]["summary"]  # the base policy's traces, read back
+    assert base["summary"] == first["policies"]["base"]["summary"]  # same weights, same seeds: the model's path
+    # ("tiny" here, the warm start's directory in the first run) is not part of a seed
     assert [r["problem"] for r in tuned["problems"]] == [r["problem"] for r in base["problems"]]
     assert tuned["problems"] != base["problems"] and again["summary"] == tuned["summary"]  # same policy, same key
     table = capsys.readouterr().out
