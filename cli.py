@@ -1,5 +1,6 @@
 """Command-line plumbing shared by train.py, evaluate.py and benchmarks/bench.py: one-line errors, the bounds every
-flag is checked against (one constant each, so the scripts agree), train.py's validation, and --warm-start-only.
+flag is checked against (one constant each, so the scripts agree), train.py's and evaluate.py's validation, and
+--warm-start-only.
 
 Nothing here is in the paper. The house rule it serves: bad input is one line `<script>: error: ...` and exit code 2,
 raised before anything is loaded or written.
@@ -9,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import re
+import sys
 import typing
+from pathlib import Path
 
 import torch
 
@@ -21,6 +25,7 @@ import reward
 import rollout
 import setsample
 import tiny
+from lora import PEFT_PREFIX, resolve_base_path
 
 # Sampling and the loss divide logits by T: at 1e-300 they overflow, and already below ~1e-3 the importance ratio
 # exp((logit - sampler logit) / T) overflows fp32 for the logit differences bf16 rounding makes.
@@ -207,6 +212,135 @@ def warm_start_only(explicit: dict, cpu_threads: int | None) -> int:
     out = tiny.rebuild_warm_start(out, seed=explicit.get("seed", 0))
     print(f"train.py: wrote the warm start to {out}")
     return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# evaluate.py
+
+
+def validate_evaluation(cfg) -> None:
+    """evaluate.py's flags after its presets: bounds, policies (their files), --out (ConfigError, one line)."""
+    bounds = {"num_samples": MAX_TRACES_PER_PROBLEM, "max_new_tokens": MAX_NEW_TOKENS,
+              "majority_max_new_tokens": MAX_NEW_TOKENS, "rsa_set_size": MAX_TRACES_PER_PROBLEM,
+              "rsa_steps": 1000, "majority_subsets": 100_000, "limit": MAX_COUNT, "micro_batch_size": MAX_COUNT,
+              "tokens_per_call": MAX_COUNT, "max_prompt_tokens": MAX_COUNT}
+    for name, limit in bounds.items():
+        check_count(name, getattr(cfg, name), limit)
+    check_seed(cfg.seed)
+    if cfg.k_list is None:  # 1, 2, 4, ... and the number of samples itself
+        cfg.k_list = sorted({2**i for i in range(cfg.num_samples.bit_length())} | {cfg.num_samples})
+    for name, limit in [("k_list", MAX_TRACES_PER_PROBLEM), ("max_tokens_list", MAX_NEW_TOKENS),
+                        ("rsa_populations", MAX_TRACES_PER_PROBLEM)]:
+        if min(getattr(cfg, name)) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} values must be positive, got {getattr(cfg, name)}")
+        check_count(name, max(getattr(cfg, name)), limit)
+        setattr(cfg, name, sorted(set(getattr(cfg, name))))
+    check_temperature(cfg.temperature)  # the floor train.py has: the same constant
+    if {"passk", "majority"} & set(cfg.methods) and max(cfg.k_list) > cfg.num_samples:
+        raise ConfigError(f"k={max(cfg.k_list)} in --k-list is larger than the {cfg.num_samples} samples drawn "
+                         f"(--num-samples)")
+    if "rsa" in cfg.methods and min(cfg.rsa_populations) < cfg.rsa_set_size:
+        raise ConfigError(f"RSA population P={min(cfg.rsa_populations)} is smaller than the set size "
+                         f"k={cfg.rsa_set_size}")
+    cfg.policies = _resolve_policies(cfg)
+    _check_out(cfg)
+
+
+def _resolve_policies(cfg) -> list[dict]:
+    """[{label, model, adapter}] from --policy/--adapter/--model, with the adapters' files checked."""
+    specs = [(*s.partition("=")[::2], f"--policy {s}") if "=" in s else (None, s, f"--policy {s}")
+             for s in cfg.policy or []]
+    specs += [("adapter", cfg.adapter, f"--adapter {cfg.adapter}")] if cfg.adapter else []
+    policies = []
+    for label, path, flag in specs or [("base", cfg.model, f"--model {cfg.model}")]:
+        if label is None or not re.fullmatch(r"[A-Za-z0-9_-]+", label):
+            raise ConfigError(f"{flag}: expected LABEL=PATH with a label of letters, digits, _ or -")
+        if label in (p["label"] for p in policies):
+            raise ConfigError(f"{flag}: the label {label!r} is used twice")
+        adapter = Path(path) if (Path(path) / "adapter_config.json").is_file() else None
+        if adapter is None and flag.startswith("--adapter"):
+            raise ConfigError(f"{flag}: no adapter_config.json there (expected train.py's adapter directory)")
+        if adapter is None:
+            if Path(path).exists() and not (Path(path) / "config.json").is_file():
+                raise ConfigError(f"{flag}: neither an adapter (adapter_config.json) nor a model (config.json)")
+            if not Path(path).exists() and path != "tiny" and not rollout.HUB_ID.match(path):
+                raise ConfigError(f"{flag}: no such adapter or model directory")
+            policies.append({"label": label, "model": _canonical(path), "adapter": None})
+            continue
+        try:
+            base = resolve_base_path(path)  # train.py stores a base inside the run directory as "../base"
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{flag}: adapter_config.json is not valid JSON ({e})") from None
+        for sub in [adapter, *[d for d in [adapter / "aggregator"] if (d / "adapter_config.json").is_file()]]:
+            _check_adapter_weights(sub, flag)
+        model = _canonical(cfg.model if cfg.model_explicit or not base else base)
+        if not cfg.model_explicit and base and not os.path.isabs(base) and base.startswith("."):
+            raise ConfigError(f"{flag}: its base model {base!r} (relative to the adapter) is not there; an adapter "
+                             "copied away from its run needs --model (the base it was trained on)")
+        if base and model != _canonical(base):
+            print(f"warning: {flag} was trained on {base}, evaluating it on {model}", file=sys.stderr)
+        policies.append({"label": label, "model": model, "adapter": str(adapter)})
+    return policies
+
+
+def _canonical(model: str) -> str:
+    """A local model directory as an absolute path (one load, one cache key, however it was written)."""
+    return str(Path(model).resolve()) if Path(model).exists() else model
+
+
+def _check_adapter_weights(adapter: Path, flag: str) -> None:
+    from safetensors import safe_open
+
+    weights = adapter / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise ConfigError(f"{flag}: {weights} is missing")
+    try:
+        with safe_open(str(weights), "pt") as f:
+            keys = list(f.keys())
+    except Exception as e:  # a torn or foreign file: safetensors raises its own error types
+        raise ConfigError(f"{flag}: {weights} is not a readable safetensors file ({str(e)[:80]})") from None
+    if not keys or not all(k.startswith(PEFT_PREFIX) and ".lora_" in k for k in keys):
+        raise ConfigError(f"{flag}: {weights} holds no LoRA weights in the PEFT layout")
+
+
+def _check_out(cfg) -> None:
+    """--out must be a new file or an earlier result of this script, in a writable directory (before generating)."""
+    if not cfg.out.strip():
+        raise ConfigError("--out is empty; expected a JSON file path")
+    out, png = Path(cfg.out), Path(cfg.out).with_suffix(".png")
+    if out.is_dir() or out.suffix == ".png":
+        raise ConfigError(f"--out {out}: expected a JSON file path (the PNG goes next to it)")
+    ours = False
+    if out.exists():
+        try:
+            stored = json.loads(out.read_text())
+            ours = stored.get("written_by") == "evaluate.py" or {"config", "summary", "problems"} <= set(stored)
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError, TypeError):
+            pass  # (the second test: a result written before "written_by" existed)
+        if not ours:
+            raise ConfigError(f"--out {out} exists and is not an evaluate.py result; choose another path")
+    if png.exists() and not ours:
+        raise ConfigError(f"--out {out}: {png} exists and was not written with {out.name}; choose another path")
+    cfg.cache_dir = str(cfg.cache_dir or out.parent / ".cache")
+    for flag, directory in (("--out", out.parent), ("--cache-dir", Path(cfg.cache_dir))):
+        why = checkpoint.unwritable(str(directory))
+        if why:
+            raise ConfigError(f"{flag}: cannot write to {directory} ({why})")
+
+
+def short_enough(problems, policies, max_prompt_tokens: int) -> list:
+    """The problems whose search prompt fits max_prompt_tokens for every policy's tokenizer (as train.py drops them:
+    a 2 MB problem would ask generate for a terabyte attention mask)."""
+    tokenizers = {id(p["tokenizer"]): p["tokenizer"] for p in policies}.values()
+    kept = [p for p in problems if all(len(rollout.chat_prompt_ids(t, rollout.search_prompt(p.problem)))
+                                       <= max_prompt_tokens for t in tokenizers)]
+    if not kept:
+        raise ConfigError(f"every problem's prompt is longer than --max-prompt-tokens {max_prompt_tokens}")
+    if len(kept) < len(problems):
+        print(f"evaluate.py: dropped {len(problems) - len(kept)} of {len(problems)} problems longer than "
+              f"{max_prompt_tokens} prompt tokens", file=sys.stderr)
+    return kept
+
 
 
 class StepWatch:

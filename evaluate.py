@@ -54,8 +54,7 @@ import figures
 import reward as grader
 import rollout
 import tiny
-from checkpoint import unwritable
-from lora import PEFT_PREFIX, load_adapter, lora_parameters, resolve_base_path, use_adapter
+from lora import load_adapter, lora_parameters, use_adapter
 from reward import extract_answer, reward
 from testtime import derive_seed, digest, majority_at_k, pass_at_k, recursive_self_aggregation
 
@@ -386,117 +385,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(cfg, name, value)
     cfg.model_explicit = "model" in explicit
     cfg.methods = list(METHODS) if cfg.method == "all" else [cfg.method]
-    _validate(cfg)
+    cli.validate_evaluation(cfg)
     return cfg
-
-
-def _validate(cfg) -> None:
-    bounds = {"num_samples": cli.MAX_TRACES_PER_PROBLEM, "max_new_tokens": cli.MAX_NEW_TOKENS,
-              "majority_max_new_tokens": cli.MAX_NEW_TOKENS, "rsa_set_size": cli.MAX_TRACES_PER_PROBLEM,
-              "rsa_steps": 1000, "majority_subsets": 100_000, "limit": cli.MAX_COUNT, "micro_batch_size": cli.MAX_COUNT,
-              "tokens_per_call": cli.MAX_COUNT, "max_prompt_tokens": cli.MAX_COUNT}
-    for name, limit in bounds.items():
-        cli.check_count(name, getattr(cfg, name), limit)
-    cli.check_seed(cfg.seed)
-    if cfg.k_list is None:  # 1, 2, 4, ... and the number of samples itself
-        cfg.k_list = sorted({2**i for i in range(cfg.num_samples.bit_length())} | {cfg.num_samples})
-    for name, limit in [("k_list", cli.MAX_TRACES_PER_PROBLEM), ("max_tokens_list", cli.MAX_NEW_TOKENS),
-                        ("rsa_populations", cli.MAX_TRACES_PER_PROBLEM)]:
-        if min(getattr(cfg, name)) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} values must be positive, got {getattr(cfg, name)}")
-        cli.check_count(name, max(getattr(cfg, name)), limit)
-        setattr(cfg, name, sorted(set(getattr(cfg, name))))
-    cli.check_temperature(cfg.temperature)  # the floor train.py has: the same constant
-    if {"passk", "majority"} & set(cfg.methods) and max(cfg.k_list) > cfg.num_samples:
-        raise UsageError(f"k={max(cfg.k_list)} in --k-list is larger than the {cfg.num_samples} samples drawn "
-                         f"(--num-samples)")
-    if "rsa" in cfg.methods and min(cfg.rsa_populations) < cfg.rsa_set_size:
-        raise UsageError(f"RSA population P={min(cfg.rsa_populations)} is smaller than the set size "
-                         f"k={cfg.rsa_set_size}")
-    cfg.policies = _resolve_policies(cfg)
-    _check_out(cfg)
-
-
-def _resolve_policies(cfg) -> list[dict]:
-    """[{label, model, adapter}] from --policy/--adapter/--model, with the adapters' files checked."""
-    specs = [(*s.partition("=")[::2], f"--policy {s}") if "=" in s else (None, s, f"--policy {s}")
-             for s in cfg.policy or []]
-    specs += [("adapter", cfg.adapter, f"--adapter {cfg.adapter}")] if cfg.adapter else []
-    policies = []
-    for label, path, flag in specs or [("base", cfg.model, f"--model {cfg.model}")]:
-        if label is None or not re.fullmatch(r"[A-Za-z0-9_-]+", label):
-            raise UsageError(f"{flag}: expected LABEL=PATH with a label of letters, digits, _ or -")
-        if label in (p["label"] for p in policies):
-            raise UsageError(f"{flag}: the label {label!r} is used twice")
-        adapter = Path(path) if (Path(path) / "adapter_config.json").is_file() else None
-        if adapter is None and flag.startswith("--adapter"):
-            raise UsageError(f"{flag}: no adapter_config.json there (expected train.py's adapter directory)")
-        if adapter is None:
-            if Path(path).exists() and not (Path(path) / "config.json").is_file():
-                raise UsageError(f"{flag}: neither an adapter (adapter_config.json) nor a model (config.json)")
-            if not Path(path).exists() and path != "tiny" and not rollout.HUB_ID.match(path):
-                raise UsageError(f"{flag}: no such adapter or model directory")
-            policies.append({"label": label, "model": _canonical(path), "adapter": None})
-            continue
-        try:
-            base = resolve_base_path(path)  # train.py stores a base inside the run directory as "../base"
-        except (ValueError, UnicodeDecodeError) as e:
-            raise UsageError(f"{flag}: adapter_config.json is not valid JSON ({e})") from None
-        for sub in [adapter, *[d for d in [adapter / "aggregator"] if (d / "adapter_config.json").is_file()]]:
-            _check_adapter_weights(sub, flag)
-        model = _canonical(cfg.model if cfg.model_explicit or not base else base)
-        if not cfg.model_explicit and base and not os.path.isabs(base) and base.startswith("."):
-            raise UsageError(f"{flag}: its base model {base!r} (relative to the adapter) is not there; an adapter "
-                             "copied away from its run needs --model (the base it was trained on)")
-        if base and model != _canonical(base):
-            print(f"warning: {flag} was trained on {base}, evaluating it on {model}", file=sys.stderr)
-        policies.append({"label": label, "model": model, "adapter": str(adapter)})
-    return policies
-
-
-def _canonical(model: str) -> str:
-    """A local model directory as an absolute path (one load, one cache key, however it was written)."""
-    return str(Path(model).resolve()) if Path(model).exists() else model
-
-
-def _check_adapter_weights(adapter: Path, flag: str) -> None:
-    from safetensors import safe_open
-
-    weights = adapter / "adapter_model.safetensors"
-    if not weights.is_file():
-        raise UsageError(f"{flag}: {weights} is missing")
-    try:
-        with safe_open(str(weights), "pt") as f:
-            keys = list(f.keys())
-    except Exception as e:  # a torn or foreign file: safetensors raises its own error types
-        raise UsageError(f"{flag}: {weights} is not a readable safetensors file ({str(e)[:80]})") from None
-    if not keys or not all(k.startswith(PEFT_PREFIX) and ".lora_" in k for k in keys):
-        raise UsageError(f"{flag}: {weights} holds no LoRA weights in the PEFT layout")
-
-
-def _check_out(cfg) -> None:
-    """--out must be a new file or an earlier result of this script, in a writable directory (before generating)."""
-    if not cfg.out.strip():
-        raise UsageError("--out is empty; expected a JSON file path")
-    out, png = Path(cfg.out), Path(cfg.out).with_suffix(".png")
-    if out.is_dir() or out.suffix == ".png":
-        raise UsageError(f"--out {out}: expected a JSON file path (the PNG goes next to it)")
-    ours = False
-    if out.exists():
-        try:
-            stored = json.loads(out.read_text())
-            ours = stored.get("written_by") == "evaluate.py" or {"config", "summary", "problems"} <= set(stored)
-        except (OSError, ValueError, UnicodeDecodeError, AttributeError, TypeError):
-            pass  # (the second test: a result written before "written_by" existed)
-        if not ours:
-            raise UsageError(f"--out {out} exists and is not an evaluate.py result; choose another path")
-    if png.exists() and not ours:
-        raise UsageError(f"--out {out}: {png} exists and was not written with {out.name}; choose another path")
-    cfg.cache_dir = str(cfg.cache_dir or out.parent / ".cache")
-    for flag, directory in (("--out", out.parent), ("--cache-dir", Path(cfg.cache_dir))):
-        why = unwritable(str(directory))
-        if why:
-            raise UsageError(f"{flag}: cannot write to {directory} ({why})")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -571,7 +461,7 @@ def run(cfg) -> int:
             raise UsageError(f"model {model}: {e}") from None
     checkpoint.lock_file(f"{cfg.out}.lock")  # one writer per result: a second evaluate.py on --out stops here
     policies = load_policies(cfg)  # all of them first: a bad adapter fails before anything is generated
-    problems = _short_enough(problems, policies.values(), cfg.max_prompt_tokens)
+    problems = cli.short_enough(problems, policies.values(), cfg.max_prompt_tokens)
     if not torch.cuda.is_available() and any(sum(p.numel() for p in pol["model"].parameters()) > 10**8
                                              for pol in policies.values()):
         print("warning: no GPU; a full-size model will be very slow on a CPU (--preset tiny runs in seconds)",
@@ -608,20 +498,6 @@ def run(cfg) -> int:
           f"cache {cache.root}: {cache.reused}; wrote {out}")
     figures.plot_evaluation(summaries, out.with_suffix(".png"), title=f"{cfg.data}, {len(problems)} problems")
     return 0
-
-
-def _short_enough(problems, policies, max_prompt_tokens: int) -> list:
-    """The problems whose search prompt fits max_prompt_tokens for every policy's tokenizer (as train.py drops them:
-    a 2 MB problem would ask generate for a terabyte attention mask)."""
-    tokenizers = {id(p["tokenizer"]): p["tokenizer"] for p in policies}.values()
-    kept = [p for p in problems if all(len(rollout.chat_prompt_ids(t, rollout.search_prompt(p.problem)))
-                                       <= max_prompt_tokens for t in tokenizers)]
-    if not kept:
-        raise UsageError(f"every problem's prompt is longer than --max-prompt-tokens {max_prompt_tokens}")
-    if len(kept) < len(problems):
-        print(f"evaluate.py: dropped {len(problems) - len(kept)} of {len(problems)} problems longer than "
-              f"{max_prompt_tokens} prompt tokens", file=sys.stderr)
-    return kept
 
 
 def main(argv=None) -> int:

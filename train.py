@@ -44,7 +44,6 @@ import torch
 import checkpoint
 import cli
 import figures
-import reward
 import rollout
 import setsample
 import spiral
