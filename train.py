@@ -106,8 +106,8 @@ class TrainConfig:
     gradient_checkpointing: bool = option(True, "recompute decoder-layer activations in the backward pass")
     device: str | None = option(None, "cuda or cpu (default: cuda if available)")
     cpu_threads: int | None = option(None, "torch threads on a CPU (default: torch's choice; tiny: 1)")
-    warm_start_only: bool = option(False, "with --preset tiny: only rebuild its warm-started base (tiny.warm_start, "
-                                          "~6 min) into --out (default data/tiny_warmstart/), then exit")
+    warm_start_only: bool = option(False, "with --preset tiny and --out DIR: only build its warm-started base "
+                                          "(tiny.warm_start, ~6 min) into DIR, then exit")
     plot: bool = option(True, "write OUT/metrics.png at the end (needs matplotlib)")
 
 
