@@ -8,25 +8,30 @@
     OUT/checkpoint/latest            one line naming the newest complete step directory
 
 Every file is written under a temporary name and renamed, so a crash at any point leaves `latest` naming a complete
-checkpoint. A run writes nothing else (RUN_ENTRY), which is how --overwrite tells a run directory from a user's.
+checkpoint. A run writes nothing else (RUN_ENTRY), which is how --overwrite tells a run directory from a user's, and
+deletes nothing else: a user's files in OUT or OUT/checkpoint stay. One process writes OUT at a time (lock_run_dir).
 Plumbing, not SPIRAL: train.py calls these.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
 import torch
 
-from lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_names, export_adapters, load_adapter, read_adapter_config, \
-    replace_dir, write_json_atomic
+from lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_names, export_adapters, load_adapter, lora_parameters, \
+    read_adapter_config, replace_dir, write_json_atomic
 
 # Every name a run writes in OUT and in OUT/checkpoint, with the temporary names of lora.write_json_atomic,
 # lora.replace_dir, lora.export_adapters and save_checkpoint (left behind by a crash).
@@ -94,8 +99,9 @@ _MOVED_ASIDE: dict[str, str] = {}  # abspath(OUT) -> the old run that --overwrit
 
 def save_checkpoint(out_dir: str, *, model, optimizer, step: int, data_state: dict, np_rng, config: dict,
                     base_model_name_or_path: str) -> str:
-    """Write OUT/checkpoint/step-NNNNNN/ whole, then point `latest` at it, then delete older steps (and the old run
-    that --overwrite moved aside: the new run has now saved its first checkpoint)."""
+    """Write OUT/checkpoint/step-NNNNNN/ whole, then point `latest` at it, then delete the other step directories and
+    temporary names a run writes (CHECKPOINT_ENTRY; nothing else, so a user's copy such as best-step5/ stays), and
+    the old run that --overwrite moved aside (the new run has now saved its first checkpoint)."""
     root = os.path.join(out_dir, "checkpoint")
     os.makedirs(root, exist_ok=True)
     name = f"step-{step:06d}"
@@ -114,8 +120,9 @@ def save_checkpoint(out_dir: str, *, model, optimizer, step: int, data_state: di
         os.fsync(f.fileno())
     os.replace(latest_tmp, os.path.join(root, "latest"))
     for entry in os.listdir(root):
-        if entry != name and entry != "latest":
-            shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+        if entry not in (name, "latest") and CHECKPOINT_ENTRY.fullmatch(entry):
+            path = os.path.join(root, entry)
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
     old_run = _MOVED_ASIDE.pop(os.path.abspath(out_dir), None)
     if old_run:
         shutil.rmtree(old_run, ignore_errors=True)
@@ -143,10 +150,34 @@ def read_trainer_state(checkpoint_dir: str) -> dict:
     """trainer_state.json: {"step", "data": {"epoch", "index"}, "config"}, else CheckpointError."""
     path = os.path.join(checkpoint_dir, "trainer_state.json")
     state = _reading(path, _read_json, path)
-    if not (isinstance(state, dict) and isinstance(state.get("step"), int) and isinstance(state.get("config"), dict)
-            and isinstance(state.get("data"), dict) and {"epoch", "index"} <= set(state["data"])):
+    count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
+    if not (isinstance(state, dict) and count(state.get("step")) and isinstance(state.get("config"), dict)
+            and isinstance(state.get("data"), dict) and count(state["data"].get("epoch"))
+            and count(state["data"].get("index")) and isinstance(state["data"].get("sha256", ""), str)):
         raise CheckpointError(f"{path} is corrupt (no step, data position or config)")
     return state
+
+
+def data_fingerprint(problems) -> str:
+    """sha256 of the training problems (text, answer, id) in their order: a resume checks it (data_position)."""
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(json.dumps([p.problem, p.answer, p.id]).encode() + b"\n")
+    return h.hexdigest()
+
+
+def data_position(state: dict, problems) -> dict:
+    """trainer_state.json's {"epoch", "index"} in `problems`, checked against the fingerprint it was saved with: a
+    resume on changed data (answers edited, file shrunk) is refused instead of training on something else."""
+    data = state["data"]
+    saved = data.get("sha256")
+    if saved is not None and saved != data_fingerprint(problems):
+        raise CheckpointError("--resume: the training data differ from the checkpoint's (sha256 of the problems and "
+                              "answers); resume with the run's --data unchanged, or start a new run")
+    if data["index"] > len(problems):
+        raise CheckpointError(f"--resume: the checkpoint's data position {data['index']} is past the "
+                              f"{len(problems)} problems")
+    return {"epoch": data["epoch"], "index": data["index"]}
 
 
 def load_checkpoint(path: str, *, model, optimizer, np_rng) -> dict:
@@ -160,6 +191,10 @@ def load_checkpoint(path: str, *, model, optimizer, np_rng) -> dict:
     optimizer_path, rng_path = os.path.join(path, "optimizer.pt"), os.path.join(path, "rng.pt")
     _reading(optimizer_path, lambda: optimizer.load_state_dict(torch.load(optimizer_path, weights_only=True)))
     _reading(rng_path, lambda: set_rng_state(torch.load(rng_path, weights_only=True), np_rng))
+    for name in adapter_names(model):
+        if not all(bool(torch.isfinite(p).all()) for p in lora_parameters(model, name)):
+            raise CheckpointError(f"{path}/adapter holds non-finite LoRA weights (the run diverged); resume from an "
+                                  "earlier checkpoint or start a new run")
     return state
 
 
@@ -186,6 +221,11 @@ def out_dir_problem(out_dir: str, *, resume: bool, overwrite: bool, keep: dict[s
     """Why a run may not write to out_dir, or None. A new run needs an absent or empty directory; --resume needs a
     checkpoint (or the config.json of a run that crashed before one); --overwrite needs a directory holding only
     what a run writes and none of `keep` (flag -> path: the model it trains, ...). All need write access."""
+    if out_dir and os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        return f"--out {out_dir} is a file, not a run directory"
+    why = out_path_problem(out_dir)
+    if why:
+        return f"--out {out_dir!r}: {why}"
     if resume and saved_config(out_dir) is None:
         return f"--resume: no checkpoint in {out_dir}"
     if not resume and os.path.isdir(out_dir) and os.listdir(out_dir):
@@ -213,15 +253,87 @@ def foreign_entries(out_dir: str) -> list[str]:
 
 
 def unwritable(path: str) -> str | None:
-    """Why a run could not create or write `path` (the nearest existing ancestor must be a writable directory)."""
+    """Why a run could not create or write `path`: the nearest existing ancestor must be a directory in which a file
+    can really be created (os.access says yes to root everywhere, /proc included, so this creates and deletes one)."""
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
         return f"{probe} is not a directory"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{probe} is not writable"
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".write-test-")
+        os.close(fd)
+        os.remove(name)
+    except OSError as exc:
+        return f"{probe} is not writable ({exc.strerror or type(exc).__name__})"
     return None
+
+
+def out_path_problem(path: str) -> str | None:
+    """Why `path` cannot be an output path: empty, or not writable (see unwritable)."""
+    if not path or not path.strip():
+        return "an empty path; expected a directory"
+    return unwritable(path)
+
+
+# One writer per run directory: an exclusive flock on the directory itself, held while the process runs. The kernel
+# drops it when the process ends however it ends (SIGKILL included), so no stale lock survives a crash, and no file
+# is written for it.
+_LOCKS: dict[str, tuple[int, bool]] = {}  # abspath(OUT) -> (descriptor, whether lock_run_dir created OUT)
+
+
+def lock_run_dir(out_dir: str) -> None:
+    """Create OUT if needed and lock it for this process; CheckpointError if another process holds it."""
+    key = os.path.abspath(out_dir)
+    created = not os.path.isdir(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise CheckpointError(f"--out {out_dir} is in use by another train.py run (one writer per run directory); "
+                              "wait for it to finish") from None
+    old = _LOCKS.get(key)
+    _LOCKS[key] = (fd, created or (old is not None and old[1]))
+    if old is not None:  # --overwrite: the old run, moved aside, stays locked until now
+        os.close(old[0])
+
+
+def lock_file(path: str) -> None:
+    """evaluate.py's one writer per result: an exclusive flock on `path` (RESULT.json.lock), deleted by unlock_file.
+    Retried if the file was deleted between open and lock (a finishing run), so two processes never both hold it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise CheckpointError(f"{path[:-5]} is being written by another evaluate.py (its lock {path} is held); "
+                                  "wait for it to finish") from None
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                _LOCKS[os.path.abspath(path)] = (fd, True)
+                return
+        os.close(fd)
+
+
+def unlock_file(path: str) -> None:
+    fd, _ = _LOCKS.pop(os.path.abspath(path), (None, False))
+    if fd is not None:
+        os.remove(path)  # while still locked: a process that opened it in between retries on a new file
+        os.close(fd)
+
+
+def unlock_run_dir(out_dir: str) -> None:
+    """Release lock_run_dir's lock; remove OUT if lock_run_dir created it and nothing was written in it."""
+    fd, created = _LOCKS.pop(os.path.abspath(out_dir), (None, False))
+    if fd is None:
+        return
+    os.close(fd)
+    if created:
+        with contextlib.suppress(OSError):
+            os.rmdir(out_dir)  # fails, as it should, unless OUT is empty
 
 
 def prepare_run_dir(out_dir: str, *, config: dict, overwrite: bool, resume_step: int | None) -> None:
@@ -230,6 +342,8 @@ def prepare_run_dir(out_dir: str, *, config: dict, overwrite: bool, resume_step:
     if overwrite and os.path.isdir(out_dir) and os.listdir(out_dir):
         old = move_aside(out_dir)
         print(f"train.py: moved the old run to {old}; it is deleted once this run saves its first checkpoint")
+        if os.path.abspath(out_dir) in _LOCKS:
+            lock_run_dir(out_dir)  # the lock moved aside with the old run: lock the new OUT
     os.makedirs(out_dir, exist_ok=True)
     if resume_step is None:
         write_json_atomic(os.path.join(out_dir, "config.json"), config)

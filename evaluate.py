@@ -22,7 +22,8 @@ Choices where the paper is silent, or where this code departs from it (more in t
  4. Batching and the cache: each stage (one pool, one RSA step) of all problems goes to rollout.generate in calls
     of at most --tokens-per-call, each seeded from its content. The same command twice gives the same results and
     the second run generates nothing; more samples, steps, budgets or problems generate only what is missing; a
-    run resumed after Ctrl-C repeats the calls it had not finished. A trace depends on which problems share its
+    run resumed after Ctrl-C repeats the calls it had not finished; a corrupted cache file's call is drawn again
+    from trace 0 with the first run's seed (its traces come back the same). A trace depends on which problems share its
     call (--limit, --tokens-per-call, --micro-batch-size): every variant is a valid i.i.d. draw.
 
 Run:
@@ -38,7 +39,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import math
 import os
 import re
 import sys
@@ -48,11 +48,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import checkpoint
+import cli
 import figures
+import reward as grader
 import rollout
 import tiny
-from checkpoint import unwritable
-from lora import PEFT_PREFIX, load_adapter, resolve_base_path, use_adapter
+from lora import load_adapter, lora_parameters, use_adapter
 from reward import extract_answer, reward
 from testtime import derive_seed, digest, majority_at_k, pass_at_k, recursive_self_aggregation
 
@@ -80,8 +82,11 @@ RSA_PRESETS = {
 }
 
 
-class UsageError(Exception):
-    """Bad input: reported as one line on stderr with exit code 2, before anything is generated."""
+UsageError = cli.ConfigError  # bad input: one line on stderr, exit code 2, before anything is generated
+
+
+class PolicyDiverged(Exception):
+    """Sampling met non-finite probabilities: one line on stderr, exit code 1."""
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -109,6 +114,7 @@ class TraceCache:
         self.root = Path(root)
         self.generated = 0  # traces generated through this object
         self.reused = 0  # traces read from disk
+        self.corrupted: set[Path] = set()  # files found unreadable: their traces are drawn again as first drawn
 
     def path(self, key: dict) -> Path:
         return self.root / f"{digest(key)[:32]}.json"
@@ -125,6 +131,7 @@ class TraceCache:
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
             print(f"warning: corrupted cache file {path} ({type(e).__name__}: {str(e)[:80]}); generating its traces "
                   "again", file=sys.stderr)
+            self.corrupted.add(path)
             return []
 
     def write(self, key: dict, traces: list[Trace]) -> None:
@@ -163,6 +170,9 @@ class Sampler:
 
         unique = {digest(key): (key, prompts) for key, prompts in jobs}  # a repeated problem is one job
         digests, keys, wanted = list(unique), [k for k, _ in unique.values()], [p for _, p in unique.values()]
+        # Seeds come from the key without the model's name: a local model's absolute path would make the samples
+        # depend on where the checkout lives (the same command gave other results in another directory).
+        seeds = [digest({k: v for k, v in key.items() if k != "model"}) for key in keys]
         traces = [self.cache.read(key) for key in keys]
         self.cache.reused += sum(min(len(t), len(p)) for t, p in zip(traces, wanted))
         missing = sum(max(0, len(p) - len(t)) for t, p in zip(traces, wanted))
@@ -171,9 +181,14 @@ class Sampler:
         with tqdm(total=missing, desc=desc, unit="trace", disable=None if missing else True) as bar:
             for call in calls:
                 todo = [j for j in call if len(traces[j]) < len(wanted[j])]
+                # A job whose cache file was corrupted is drawn again as a cold run drew it: the whole call from
+                # trace 0, same prompts, same seed (the seed and the batch come from the call's content, never from
+                # what the cache held); the other jobs' fresh traces are dropped, their cached ones kept.
+                redo = any(self.cache.path(keys[j]) in self.cache.corrupted for j in todo)
+                start = {j: 0 if redo else len(traces[j]) for j in (call if redo else todo)}
                 runs = []  # (job, prompt, copies)
-                for j in todo:
-                    rest = wanted[j][len(traces[j]):]
+                for j in start:
+                    rest = wanted[j][start[j]:]
                     if len(set(rest)) == 1:  # a search pool: copies of one prompt share one prefill in generate
                         runs.append((j, rest[0], len(rest)))
                     else:
@@ -181,7 +196,7 @@ class Sampler:
                 new = [[] for _ in runs]  # each run's traces
                 for copies in sorted({c for _, _, c in runs}):
                     group = [i for i, (_, _, c) in enumerate(runs) if c == copies]
-                    torch.manual_seed(derive_seed([(digests[j], len(traces[j])) for j in todo], copies))
+                    torch.manual_seed(derive_seed([(seeds[j], start[j]) for j in start], copies))
                     completions = rollout.generate(
                         self.model, self.tokenizer, [runs[i][1] for i in group], samples_per_prompt=copies,
                         max_new_tokens=max_new_tokens, temperature=self.identity["temperature"],
@@ -189,10 +204,11 @@ class Sampler:
                     self.calls += 1
                     for i, row in zip(group, completions):
                         new[i] = [Trace(c.text, len(c.completion_ids), len(c.prompt_ids), c.truncated) for c in row]
-                fresh = {j: [] for j in todo}
+                fresh = {j: [] for j in start}
                 for (j, _, _), traces_of_run in zip(runs, new):  # in the job's own trace order
                     fresh[j] += traces_of_run
                 for j in todo:
+                    fresh[j] = fresh[j][len(traces[j]) - start[j]:]
                     traces[j] = traces[j] + fresh[j]
                     self.cache.write(keys[j], traces[j])
                     self.cache.generated += len(fresh[j])
@@ -319,11 +335,6 @@ def summarize(records: list[dict], cfg) -> dict:
 # 3. Command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit code 2 (argparse would print the usage too)
-        raise UsageError(message)
-
-
 def _ints(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",")]
@@ -333,7 +344,7 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     """Flags, then preset values for every flag left unset, then validation (UsageError on bad input)."""
-    p = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=PRESETS, default="paper", help="defaults for every flag below (default paper)")
     p.add_argument("--policy", action="append", metavar="LABEL=PATH",
                    help="a policy to evaluate (repeat to compare): an adapter directory from train.py, applied to "
@@ -363,6 +374,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="traces x max_new_tokens per rollout.generate call; the cache is written after each call")
     p.add_argument("--generation", choices=rollout.ENGINES, default="hf", help="sampler: hf (transformers generate) "
                    "or fast (fastgen.py, Qwen3 only)")
+    p.add_argument("--max-prompt-tokens", type=int, default=4096,
+                   help="drop problems whose search prompt is longer, with a line saying so (train.py: 1024)")
     p.add_argument("--micro-batch-size", type=int,
                    help="sequences per model.generate (default: rollout.generate picks by token count)")
     cfg = p.parse_args(argv)
@@ -374,110 +387,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(cfg, name, value)
     cfg.model_explicit = "model" in explicit
     cfg.methods = list(METHODS) if cfg.method == "all" else [cfg.method]
-    _validate(cfg)
+    cli.validate_evaluation(cfg)
     return cfg
-
-
-def _validate(cfg) -> None:
-    positive = ["num_samples", "max_new_tokens", "majority_max_new_tokens", "rsa_set_size", "rsa_steps",
-                "majority_subsets", "limit", "micro_batch_size", "tokens_per_call"]
-    for name in positive:
-        value = getattr(cfg, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-    if cfg.k_list is None:  # 1, 2, 4, ... and the number of samples itself
-        cfg.k_list = sorted({2**i for i in range(cfg.num_samples.bit_length())} | {cfg.num_samples})
-    for name in ["k_list", "max_tokens_list", "rsa_populations"]:
-        if min(getattr(cfg, name)) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} values must be positive, got {getattr(cfg, name)}")
-        setattr(cfg, name, sorted(set(getattr(cfg, name))))
-    if not 1e-4 <= cfg.temperature < math.inf:
-        raise UsageError(f"--temperature must be a finite number >= 1e-4, got {cfg.temperature}")
-    if {"passk", "majority"} & set(cfg.methods) and max(cfg.k_list) > cfg.num_samples:
-        raise UsageError(f"k={max(cfg.k_list)} in --k-list is larger than the {cfg.num_samples} samples drawn "
-                         f"(--num-samples)")
-    if "rsa" in cfg.methods and min(cfg.rsa_populations) < cfg.rsa_set_size:
-        raise UsageError(f"RSA population P={min(cfg.rsa_populations)} is smaller than the set size "
-                         f"k={cfg.rsa_set_size}")
-    cfg.policies = _resolve_policies(cfg)
-    _check_out(cfg)
-
-
-def _resolve_policies(cfg) -> list[dict]:
-    """[{label, model, adapter}] from --policy/--adapter/--model, with the adapters' files checked."""
-    specs = [(*s.partition("=")[::2], f"--policy {s}") if "=" in s else (None, s, f"--policy {s}")
-             for s in cfg.policy or []]
-    specs += [("adapter", cfg.adapter, f"--adapter {cfg.adapter}")] if cfg.adapter else []
-    policies = []
-    for label, path, flag in specs or [("base", cfg.model, f"--model {cfg.model}")]:
-        if label is None or not re.fullmatch(r"[A-Za-z0-9_-]+", label):
-            raise UsageError(f"{flag}: expected LABEL=PATH with a label of letters, digits, _ or -")
-        if label in (p["label"] for p in policies):
-            raise UsageError(f"{flag}: the label {label!r} is used twice")
-        adapter = Path(path) if (Path(path) / "adapter_config.json").is_file() else None
-        if adapter is None and flag.startswith("--adapter"):
-            raise UsageError(f"{flag}: no adapter_config.json there (expected train.py's adapter directory)")
-        if adapter is None:
-            if Path(path).exists() and not (Path(path) / "config.json").is_file():
-                raise UsageError(f"{flag}: neither an adapter (adapter_config.json) nor a model (config.json)")
-            if not Path(path).exists() and path != "tiny" and not rollout.HUB_ID.match(path):
-                raise UsageError(f"{flag}: no such adapter or model directory")
-            policies.append({"label": label, "model": _canonical(path), "adapter": None})
-            continue
-        try:
-            base = resolve_base_path(path)  # train.py stores a base inside the run directory as "../base"
-        except (ValueError, UnicodeDecodeError) as e:
-            raise UsageError(f"{flag}: adapter_config.json is not valid JSON ({e})") from None
-        for sub in [adapter, *[d for d in [adapter / "aggregator"] if (d / "adapter_config.json").is_file()]]:
-            _check_adapter_weights(sub, flag)
-        model = _canonical(cfg.model if cfg.model_explicit or not base else base)
-        if base and model != _canonical(base):
-            print(f"warning: {flag} was trained on {base}, evaluating it on {model}", file=sys.stderr)
-        policies.append({"label": label, "model": model, "adapter": str(adapter)})
-    return policies
-
-
-def _canonical(model: str) -> str:
-    """A local model directory as an absolute path (one load, one cache key, however it was written)."""
-    return str(Path(model).resolve()) if Path(model).exists() else model
-
-
-def _check_adapter_weights(adapter: Path, flag: str) -> None:
-    from safetensors import safe_open
-
-    weights = adapter / "adapter_model.safetensors"
-    if not weights.is_file():
-        raise UsageError(f"{flag}: {weights} is missing")
-    try:
-        with safe_open(str(weights), "pt") as f:
-            keys = list(f.keys())
-    except Exception as e:  # a torn or foreign file: safetensors raises its own error types
-        raise UsageError(f"{flag}: {weights} is not a readable safetensors file ({str(e)[:80]})") from None
-    if not keys or not all(k.startswith(PEFT_PREFIX) and ".lora_" in k for k in keys):
-        raise UsageError(f"{flag}: {weights} holds no LoRA weights in the PEFT layout")
-
-
-def _check_out(cfg) -> None:
-    """--out must be a new file or an earlier result of this script, in a writable directory (before generating)."""
-    out, png = Path(cfg.out), Path(cfg.out).with_suffix(".png")
-    if out.is_dir() or out.suffix == ".png":
-        raise UsageError(f"--out {out}: expected a JSON file path (the PNG goes next to it)")
-    ours = False
-    if out.exists():
-        try:
-            stored = json.loads(out.read_text())
-            ours = stored.get("written_by") == "evaluate.py" or {"config", "summary", "problems"} <= set(stored)
-        except (OSError, ValueError, UnicodeDecodeError, AttributeError, TypeError):
-            pass  # (the second test: a result written before "written_by" existed)
-        if not ours:
-            raise UsageError(f"--out {out} exists and is not an evaluate.py result; choose another path")
-    if png.exists() and not ours:
-        raise UsageError(f"--out {out}: {png} exists and was not written with {out.name}; choose another path")
-    cfg.cache_dir = str(cfg.cache_dir or out.parent / ".cache")
-    for flag, directory in (("--out", out.parent), ("--cache-dir", Path(cfg.cache_dir))):
-        why = unwritable(str(directory))
-        if why:
-            raise UsageError(f"{flag}: cannot write to {directory} ({why})")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -493,7 +404,7 @@ def policy_identity(policy: dict, cfg, dtype) -> dict:
             if f.name == "adapter_config.json" or f.suffix == ".safetensors":
                 h.update(str(f.relative_to(policy["adapter"])).encode() + f.read_bytes())
         adapter = h.hexdigest()
-    return {"format": 2, "model": model, "adapter": adapter, "seed": cfg.seed, "temperature": cfg.temperature,
+    return {"format": 3, "model": model, "adapter": adapter, "seed": cfg.seed, "temperature": cfg.temperature,
             "dtype": str(dtype).removeprefix("torch."),
             **({"generation": "fast"} if getattr(cfg, "generation", "hf") == "fast" else {})}  # hf: keys as before
 
@@ -531,6 +442,9 @@ def load_policies(cfg) -> dict[str, dict]:
                 except Exception as e:  # wrong keys or shapes for this base, unsupported options
                     raise UsageError(f"policy {label}: cannot load the adapter {directory}: "
                                      f"{str(e).splitlines()[0][:300]}") from None
+                if not all(bool(torch.isfinite(p).all()) for p in lora_parameters(model, adapter_name)):
+                    raise UsageError(f"policy {label}: the adapter {directory} holds non-finite weights (a diverged "
+                                     "run)")
             search = lambda m=model, a=adapters[0][0]: use_adapter(m, a)  # noqa: E731
             aggregation = lambda m=model, a=adapters[-1][0]: use_adapter(m, a)  # noqa: E731
         loaded[label] = {"model": model, "tokenizer": tokenizer, "search_adapter": search,
@@ -546,7 +460,14 @@ def run(cfg) -> int:
         raise UsageError(f"cannot load --data {cfg.data}: {e}") from None
     if not problems:
         raise UsageError(f"--data {cfg.data} holds no problems")
+    for model in dict.fromkeys(p["model"] for p in cfg.policies):
+        try:  # as train.py: an unreachable or unknown Hub id fails in seconds, not after ~50 s of retries
+            rollout.check_model(model)
+        except ValueError as e:
+            raise UsageError(f"model {model}: {e}") from None
+    checkpoint.lock_file(f"{cfg.out}.lock")  # one writer per result: a second evaluate.py on --out stops here
     policies = load_policies(cfg)  # all of them first: a bad adapter fails before anything is generated
+    problems = cli.short_enough(problems, policies.values(), cfg.max_prompt_tokens)
     if not torch.cuda.is_available() and any(sum(p.numel() for p in pol["model"].parameters()) > 10**8
                                              for pol in policies.values()):
         print("warning: no GPU; a full-size model will be very slow on a CPU (--preset tiny runs in seconds)",
@@ -556,8 +477,20 @@ def run(cfg) -> int:
         sampler = Sampler(pol["model"], pol["tokenizer"], cache, pol["identity"], tokens_per_call=cfg.tokens_per_call,
                           micro_batch_size=cfg.micro_batch_size, search_adapter=pol["search_adapter"],
                           aggregation_adapter=pol["aggregation_adapter"])
-        records = evaluate_policy(problems, sampler, cfg)
-        results[label] = {"policy": pol["identity"], "summary": summarize(records, cfg), "problems": records}
+        before = grader.grader_stats()
+        try:
+            records = evaluate_policy(problems, sampler, cfg)
+        except RuntimeError as e:  # torch.multinomial on inf/nan probabilities: NaN weights, a huge lora_alpha
+            if not re.search(r"\binf\b|\bnan\b", str(e)):
+                raise
+            raise PolicyDiverged(f"policy {label}: sampling met non-finite probabilities (the model's logits "
+                                 "overflow: a diverged adapter, or a lora_alpha too large for its weights)") from None
+        stats = {k: v - before[k] for k, v in grader.grader_stats().items()}
+        if stats["ungraded"]:
+            print(f"warning: policy {label}: {stats['ungraded']} answers scored 0 without a verdict "
+                  f"({stats['timeouts']} grader timeouts)", file=sys.stderr)
+        results[label] = {"policy": pol["identity"], "summary": summarize(records, cfg), "grader": stats,
+                          "problems": records}
 
     out = Path(cfg.out)
     config = {k: v for k, v in vars(cfg).items() if k not in ("model_explicit", "policy", "adapter")}
@@ -578,13 +511,19 @@ def main(argv=None) -> int:
     try:
         cfg = parse_args(argv)
         return run(cfg)
-    except UsageError as e:
+    except (UsageError, checkpoint.CheckpointError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2
+    except PolicyDiverged as e:
+        print(f"evaluate.py: error: {e}; nothing was written to --out", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         where = f"; the traces generated so far are cached in {cfg.cache_dir}: rerun to continue" if cfg else ""
         print(f"evaluate.py: interrupted{where}", file=sys.stderr)
         return 130
+    finally:
+        if cfg is not None:
+            checkpoint.unlock_file(f"{cfg.out}.lock")
 
 
 if __name__ == "__main__":

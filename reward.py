@@ -6,6 +6,8 @@ each and math-verify must find them equal. A list ("1, 3", "1 or 3") is read as 
 
 math-verify runs in a separate worker process with a hard time limit, so no answer can hang or crash training. A
 comparison without a verdict (a timeout, no worker) scores 0, is never cached, and is counted in `grader_stats()`.
+The limits count the worker's CPU time, not wall-clock time: a verdict must not depend on how busy the machine is
+(under load, a 1 s wall-clock limit turned correct answers into timeouts, so the same command gave other results).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import unicodedata
 import warnings
 
 MAX_ANSWER_CHARS = 1000  # a longer \boxed{} answer scores 0 unparsed (longest bundled gold answer: 159 characters)
-GRADE_TIMEOUT_S = 5.0  # hard limit per comparison: the worker is killed and restarted past it
+GRADE_TIMEOUT_S = 5.0  # hard limit per comparison, worker CPU seconds: the worker is killed and restarted past it
+GRADE_WALL_TIMEOUT_S = 300.0  # the same in wall-clock seconds, a backstop (and the limit where /proc is missing)
 WORKER_START_TIMEOUT_S = 120.0  # importing sympy and math-verify; generous for a busy machine
 START_ATTEMPTS = 3  # start-up tries per round, START_BACKOFF_S, then twice that, apart
 START_BACKOFF_S = 0.5
 START_RETRY_AFTER_S = 30.0  # after a failed round, score 0 without trying for this long
-_INNER_TIMEOUT_S = 1  # math-verify's own signal.alarm limits (whole seconds) for each parse and comparison
+_CPU_LIMIT_S = 2.0  # the worker's own limit per comparison, CPU seconds (ITIMER_PROF), interrupting Python code
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
@@ -199,6 +202,16 @@ def check_grader() -> str | None:
     return _GRADER.start_error()
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` from /proc (Linux), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class _NoVerdict(Exception):
     """A comparison that ended without a verdict; raised so that lru_cache, which stores only results, skips it."""
 
@@ -229,8 +242,10 @@ try:
     except Exception:
         pass
     from math_verify import LatexExtractionConfig, parse, verify
+    from math_verify import grader as _grader, parser as _parser
     from math_verify.errors import TimeoutException
     from sympy import And, Eq
+    _grader.TIMEOUT_WARNING_SHOWN = _parser.TIMEOUT_WARNING_SHOWN = True  # its wall-clock alarms are off: ours below
 except BaseException as error:
     out.write(("error " + type(error).__name__ + ": " + str(error)).encode("ascii", "replace") + b"\\n")
     sys.exit(1)
@@ -245,8 +260,16 @@ log.addHandler(TimeoutLog())
 log.propagate = False
 LATEX_ONLY = [LatexExtractionConfig()]  # no fallback to the last number of an answer that is not one expression
 
+class CpuLimit(BaseException):  # a BaseException: math-verify's `except Exception` must not swallow it
+    pass
+
+def over_limit(signum, frame):
+    raise CpuLimit
+
+signal.signal(signal.SIGPROF, over_limit)
+
 def read(latex):
-    return parse("$" + latex + "$", extraction_config=LATEX_ONLY, parsing_timeout={_INNER_TIMEOUT_S})
+    return parse("$" + latex + "$", extraction_config=LATEX_ONLY, parsing_timeout=None)
 
 def equations(expr):
     parts = expr.args if isinstance(expr, And) else (expr,)
@@ -254,10 +277,10 @@ def equations(expr):
 
 def grade(gold, answer):
     gold, answer = read(gold), read(answer)
-    ok = verify(gold, answer, timeout_seconds={_INNER_TIMEOUT_S})
+    ok = verify(gold, answer, timeout_seconds=None)
     if ok and answer and not (gold and equations(gold[0])):  # math-verify grades only the last side of "1 = 3"
         sides = [side for eq in equations(answer[0]) for side in eq.args if getattr(side, "is_number", False)]
-        ok = all(verify(gold, [side], timeout_seconds={_INNER_TIMEOUT_S}) for side in sides)
+        ok = all(verify(gold, [side], timeout_seconds=None) for side in sides)
     return ok
 
 out.write(b"ready\\n"); out.flush()
@@ -268,8 +291,12 @@ for line in sys.stdin.buffer:
     except Exception:
         continue  # never sent by the parent; it would time out and restart this worker
     try:
-        verdict = b"1" if grade(gold, answer) else b"T" if TimeoutLog.seen else b"0"
-    except TimeoutException:
+        signal.setitimer(signal.ITIMER_PROF, {_CPU_LIMIT_S})  # CPU time: the same verdict on a busy machine
+        try:
+            verdict = b"1" if grade(gold, answer) else b"T" if TimeoutLog.seen else b"0"
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+    except (TimeoutException, CpuLimit):
         verdict = b"T"
     except BaseException:  # RecursionError, MemoryError, ...: no parse, so not equivalent
         verdict = b"0"
@@ -305,15 +332,19 @@ class _GradingWorker:
     def _ask(self, gold: str, answer: str) -> bool | None:
         self._request_id += 1
         prefix = b"%d " % self._request_id
-        deadline = time.monotonic() + GRADE_TIMEOUT_S
+        cpu = functools.partial(_cpu_seconds, self._process.pid)
+        cpu_start = cpu()
+        # The hard limit counts the worker's CPU time where /proc tells it (load-independent), else wall time.
+        over = (lambda: (cpu() or 0.0) - cpu_start >= GRADE_TIMEOUT_S) if cpu_start is not None else None
+        deadline = time.monotonic() + (GRADE_WALL_TIMEOUT_S if cpu_start is not None else GRADE_TIMEOUT_S)
         try:  # ASCII JSON: control characters are escaped, so one request is one line
             self._process.stdin.write(json.dumps([self._request_id, gold, answer]).encode("ascii") + b"\n")
-            while (line := self._read_line(deadline)) is not None and not line.startswith(prefix):
+            while (line := self._read_line(deadline, over)) is not None and not line.startswith(prefix):
                 pass  # a stale reply to an earlier request: discard
         except OSError:  # the worker died (e.g. out of memory)
             line = None
         if line is None:  # past the hard limit, or the worker died
-            self.stats["timeouts"] += time.monotonic() >= deadline
+            self.stats["timeouts"] += self._process.poll() is None
             self._kill(restart=True)
             return None
         verdict = line[len(prefix):]
@@ -366,14 +397,17 @@ class _GradingWorker:
             return f"not ready within {WORKER_START_TIMEOUT_S:g} s"
         return f"the worker exited with status {exit_status} during start-up"
 
-    def _read_line(self, deadline: float) -> bytes | None:
-        """The worker's next output line, or None on timeout or end of file."""
+    def _read_line(self, deadline: float, over=None) -> bytes | None:
+        """The worker's next output line, or None on end of file, past `deadline` (wall clock), or once `over()`
+        says the worker spent its CPU limit (checked every 0.1 s while waiting)."""
         poller = select.poll()  # poll, not select: no limit on the descriptor number
         poller.register(self._process.stdout, select.POLLIN)
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not poller.poll(remaining * 1000):
+            if remaining <= 0 or (over is not None and over()):
                 return None
+            if not poller.poll(1000 * (remaining if over is None else min(remaining, 0.1))):
+                continue
             chunk = os.read(self._process.stdout.fileno(), 4096)
             if not chunk:
                 return None

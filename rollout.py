@@ -18,6 +18,7 @@ import inspect
 import json
 import os
 import re
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -136,16 +137,36 @@ def load_problems(source: str) -> list[Problem]:
     )
 
 
+MAX_PROBLEM_FILE_BYTES = 4 << 30  # a problem file larger than this is refused (POLARIS-53K: ~30 MB)
+MAX_LINE_BYTES = 16 << 20  # one JSON line (problem and answer); past it, not a problem set
+MAX_INTEGER_DIGITS = 1000  # an integer field longer than this is refused (reward.py grades answers <= 1000 chars)
+
+
+def _json_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-')):,} digits (at most {MAX_INTEGER_DIGITS})")
+    return int(text)
+
+
 def _read_jsonl(path: str) -> list[Problem]:
+    # Checked before open(): a FIFO would block open() forever, /dev/zero would be read until memory runs out.
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise ProblemFileError(f"{path}: not a regular file (a device, FIFO or directory)")
+    if info.st_size > MAX_PROBLEM_FILE_BYTES:
+        raise ProblemFileError(f"{path}: {info.st_size:,} bytes, more than {MAX_PROBLEM_FILE_BYTES:,}")
     problems = []
     with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
+        for line_number, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), ""), start=1):
+            if len(line) > MAX_LINE_BYTES:
+                raise ProblemFileError(f"{path}, line {line_number}: longer than {MAX_LINE_BYTES:,} characters")
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ProblemFileError(f"{path}, line {line_number}: not valid JSON ({e.msg})") from None
+                record = json.loads(line, parse_int=_json_int)
+            except ValueError as e:  # JSONDecodeError, or _json_int's refusal
+                raise ProblemFileError(f"{path}, line {line_number}: not valid JSON "
+                                       f"({getattr(e, 'msg', None) or e})") from None
             if not isinstance(record, dict):
                 raise ProblemFileError(f"{path}, line {line_number}: not a JSON object with 'problem' and 'answer'")
             fields = {}

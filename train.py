@@ -42,13 +42,14 @@ import numpy as np
 import torch
 
 import checkpoint
+import cli
 import fastgen
 import figures
-import reward
 import rollout
 import setsample
 import spiral
 import tiny
+from cli import ConfigError, validate
 from logprobs import TokenBatch, attention_backends, completion_logprobs
 from lora import TARGET_MODULES, add_lora, adapter_names, export_adapters, lora_parameters, replace_dir, use_adapter
 
@@ -108,8 +109,8 @@ class TrainConfig:
     gradient_checkpointing: bool = option(True, "recompute decoder-layer activations in the backward pass")
     device: str | None = option(None, "cuda or cpu (default: cuda if available)")
     cpu_threads: int | None = option(None, "torch threads on a CPU (default: torch's choice; tiny: 1)")
-    warm_start_only: bool = option(False, "with --preset tiny: only rebuild its warm-started base (tiny.warm_start, "
-                                          "~6 min) into --out (default data/tiny_warmstart/), then exit")
+    warm_start_only: bool = option(False, "with --preset tiny and --out DIR: only build its warm-started base "
+                                          "(tiny.warm_start, ~6 min) into DIR, then exit")
     plot: bool = option(True, "write OUT/metrics.png at the end (needs matplotlib)")
 
 
@@ -262,6 +263,7 @@ class ProblemStream:
     def __init__(self, problems, seed: int, epoch: int = 0, index: int = 0):
         self.problems, self.seed, self.epoch, self.index = problems, seed, epoch, index
         self._order = np.random.default_rng([seed, epoch]).permutation(len(problems))
+        self.sha256 = checkpoint.data_fingerprint(problems)  # a resume refuses changed data (data_position)
 
     def __call__(self):
         if self.index == len(self.problems):
@@ -272,7 +274,7 @@ class ProblemStream:
         return problem
 
     def state(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index}
+        return {"epoch": self.epoch, "index": self.index, "sha256": self.sha256}
 
 
 def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng) -> spiral.Rollouts:
@@ -301,7 +303,9 @@ def train(cfg: TrainConfig, problems) -> None:
         budget = cfg.generation_tokens or rollout.generation_token_budget(model)
         print(f"train.py: {model.dtype}; generate calls hold up to {budget:,} tokens of KV cache "
               f"({rollout.kv_bytes_per_token(model.config, model.dtype):,} bytes per token)")
-    bar = tqdm(total=cfg.steps, initial=start, desc=cfg.algo, dynamic_ncols=True)
+    if start >= cfg.steps:
+        print(f"train.py: the run in {cfg.out} is already at step {start} = --steps; pass a larger --steps to continue")
+    bar, watch = tqdm(total=cfg.steps, initial=start, desc=cfg.algo, dynamic_ncols=True), cli.StepWatch()
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         with torch.no_grad():  # Algorithm 1, lines 1-13: search, sets, aggregation, rewards, advantages
@@ -324,6 +328,8 @@ def train(cfg: TrainConfig, problems) -> None:
             export_adapters(model, os.path.join(cfg.out, "adapter"), base_path, base_root=cfg.out)  # "../base"
         accuracy = rollouts.metrics.get("aggregation_accuracy", rollouts.metrics.get("accuracy"))
         bar.set_postfix(reward=f"{accuracy:.3f}", tok_s=f"{row['time/generated_tokens_per_s']:.0f}")
+        for line in watch.check(row):  # grader timeouts; steps that kept no problem (no gradient)
+            tqdm.write(line, file=sys.stderr)
         bar.update(1)
     bar.close()
     if cfg.plot and figures.plot_training(metrics_path, os.path.join(cfg.out, "metrics.png")):
@@ -379,7 +385,7 @@ def start_run(cfg: TrainConfig, problems):
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None  # None: a crash before the first
     if resume_from is not None:
         state = checkpoint.load_checkpoint(resume_from, model=model, optimizer=optimizer, np_rng=np_rng)
-        start, stream = state["step"], ProblemStream(kept, cfg.seed, **state["data"])
+        start, stream = state["step"], ProblemStream(kept, cfg.seed, **checkpoint.data_position(state, kept))
 
     # Only now, with every input checked and loaded, does the run touch the disk.
     checkpoint.prepare_run_dir(cfg.out, config={**dataclasses.asdict(cfg), "gradient_scale_M": gradient_scale_M(cfg)},
@@ -397,37 +403,15 @@ RESUME_MUTABLE = {"steps", "save_every", "out", "resume", "overwrite", "device",
                   "generation"}
 
 
-class ConfigError(Exception):
-    """Bad input, reported as one line `train.py: error: ...` and exit code 2."""
-
-
 class Diverged(Exception):
     """A non-finite loss, gradient or weight: the run stops (exit code 1) and its last checkpoint stays good."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        raise ConfigError(message)
-
-
-def _converter(tp, flag):
-    """argparse `type` for int, float, str and their optionals ("none" -> None)."""
-    base = next(a for a in typing.get_args(tp) if a is not type(None)) if typing.get_args(tp) else tp
-
-    def convert(text):
-        if base is not tp and text.lower() == "none":
-            return None
-        try:
-            return base(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} expects {base.__name__}, got {text!r}")
-    return convert
 
 
 def build_parser() -> argparse.ArgumentParser:
     """One flag per TrainConfig field, help from its metadata. Defaults are SUPPRESSed, so only the flags given
     appear in the namespace and override the preset."""
-    parser = _Parser(prog="train.py", description=__doc__.split("\n\n")[0], argument_default=argparse.SUPPRESS)
+    parser = cli.OneLineParser(prog="train.py", description=__doc__.split("\n\n")[0],
+                               argument_default=argparse.SUPPRESS)
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         flag, tp, help_text = "--" + f.name.replace("_", "-"), hints[f.name], f.metadata["help"]
@@ -436,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
         elif typing.get_origin(tp) is Literal:
             parser.add_argument(flag, choices=typing.get_args(tp), help=help_text)
         else:
-            parser.add_argument(flag, type=_converter(tp, flag), metavar=f.name.upper(), help=help_text)
+            parser.add_argument(flag, type=cli.converter(tp, flag), metavar=f.name.upper(), help=help_text)
     return parser
 
 
@@ -464,93 +448,20 @@ def resolve_config(explicit: dict, saved: dict | None = None) -> TrainConfig:
     return cfg
 
 
-def _need(ok: bool, name: str, value, what: str) -> None:
-    if not ok:
-        raise ConfigError(f"--{name.replace('_', '-')} must be {what}, got {value}")
-
-
-def validate(cfg: TrainConfig) -> list:
-    """Every check that needs no model; raises ConfigError, returns the training problems, touches nothing."""
-    counts = ["steps", "save_every", "batch_problems", "num_search", "set_size", "num_sets", "num_aggregations",
-              "group_size", "max_new_tokens", "max_prompt_tokens", "lora_rank", "micro_batch_tokens",
-              "logprob_chunk_size", "max_draws", "target_length", "generation_batch_size", "generation_tokens",
-              "cpu_threads"]
-    for name in counts:
-        _need(getattr(cfg, name) is None or getattr(cfg, name) >= 1, name, getattr(cfg, name), "a positive integer")
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        _need(not isinstance(value, float) or math.isfinite(value), f.name, value, "a finite number")
-    # Sampling and the loss divide logits by T: at 1e-300 they overflow, and already below ~1e-3 the importance ratio
-    # exp((logit - sampler logit) / T) overflows fp32 for the logit differences bf16 rounding makes.
-    for name, ok, what in [
-            ("seed", 0 <= cfg.seed < 2**64, "in [0, 2**64), the range torch.manual_seed accepts"),
-            ("cpu_threads", (cfg.cpu_threads or 1) <= (os.cpu_count() or 1), f"at most {os.cpu_count()}, the CPUs"),
-            ("lr", cfg.lr > 0, "positive"), ("lr", cfg.lr <= 1, "at most 1 (AdamW moves each weight by ~lr a step)"),
-            ("lora_alpha", cfg.lora_alpha > 0, "positive"),
-            ("adam_eps", cfg.adam_eps > 0, "positive"), ("temperature", cfg.temperature >= 1e-3, "at least 0.001"),
-            ("adam_beta1", 0 <= cfg.adam_beta1 < 1, "in [0, 1)"), ("adam_beta2", 0 <= cfg.adam_beta2 < 1, "in [0, 1)"),
-            ("weight_decay", cfg.weight_decay >= 0, ">= 0"), ("max_grad_norm", cfg.max_grad_norm >= 0, ">= 0"),
-            ("weight_decay", cfg.lr * cfg.weight_decay < 1, "below 1 / --lr (AdamW scales weights by 1 - lr x wd)")]:
-        _need(ok, name, getattr(cfg, name), what)
-    if cfg.dtype not in ("auto", *rollout.DTYPES):  # argparse checks the flag; this, a resumed config.json
-        raise ConfigError(f"--dtype {cfg.dtype}: expected auto, bfloat16 or float32")
-    if cfg.algo == "spiral":
-        if cfg.set_size > cfg.num_search:
-            raise ConfigError(f"--set-size {cfg.set_size} is larger than --num-search {cfg.num_search}")
-        total = setsample.count_possible_sets(cfg.num_search, cfg.set_size)
-        if cfg.num_sets > total:
-            raise ConfigError(f"--num-sets {cfg.num_sets} exceeds the C({cfg.num_search}, {cfg.set_size}) = {total} "
-                              "possible sets")
-        if cfg.unbiased_set_rl and gradient_scale_M(cfg) == 0:
-            raise ConfigError(f"--unbiased-set-rl: M = 0 for --num-sets {cfg.num_sets} (K = 1 or N1 = n: the search "
-                              "traces get no set-RL gradient to rescale)")
-    elif cfg.separate_aggregator or cfg.unbiased_set_rl:
-        raise ConfigError(f"--{'separate-aggregator' if cfg.separate_aggregator else 'unbiased-set-rl'} needs "
-                          "--algo spiral (GRPO has no aggregation traces)")
-    if cfg.resume and cfg.overwrite:
-        raise ConfigError("--resume and --overwrite exclude each other")
-    problem = checkpoint.out_dir_problem(cfg.out, resume=cfg.resume, overwrite=cfg.overwrite,
-                                         keep={"--model": cfg.model, "--data": cfg.data, "the current directory": "."})
-    if problem:
-        raise ConfigError(problem)
-    if cfg.device is None and cfg.model != "tiny" and not torch.cuda.is_available():
-        raise ConfigError(f"no CUDA GPU found, and {cfg.model} needs one; try --preset tiny (a tiny policy on CPU)")
-    if cfg.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", cfg.device):
-        raise ConfigError(f"--device {cfg.device}: expected cpu, cuda or cuda:N")
-    if cfg.device is not None and cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {cfg.device}: no CUDA GPU found; try --preset tiny")
-    if os.path.abspath(cfg.model) == tiny.WARM_START_DIR and not os.path.isfile(f"{tiny.WARM_START_DIR}/config.json"):
-        raise ConfigError(f"--model {cfg.model}: the tiny preset's warm start is missing; recreate it with "
-                          "python train.py --preset tiny --warm-start-only")
-    try:
-        rollout.check_model(cfg.model)
-    except ValueError as exc:
-        raise ConfigError(f"--model {cfg.model}: {exc}")
-    why = reward.check_grader()  # a grader that cannot start would score every trace 0: say so now
-    if why:
-        raise ConfigError(f"the math-verify grader cannot start: {why}")
-    try:
-        problems = rollout.load_problems(cfg.data)
-    except Exception as exc:  # noqa: BLE001 - any loader failure is a one-line input error
-        raise ConfigError(f"--data {cfg.data}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
-    if not problems:
-        raise ConfigError(f"--data {cfg.data}: no problems")
-    return problems
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse, validate (one-line errors, exit 2, nothing written), then train (exit 1 if it diverges)."""
     cfg = None
     try:
         explicit = vars(build_parser().parse_args(argv))
         if explicit.get("warm_start_only"):
-            return warm_start_only(explicit)
+            return cli.warm_start_only(explicit, explicit.get("cpu_threads", PRESETS["tiny"]["cpu_threads"]))
         saved = None
         if explicit.get("resume") and not explicit.get("overwrite"):
             explicit["out"] = explicit.get("out") or resolve_config(explicit).out  # never the checkpoint's own out
             saved = checkpoint.saved_config(explicit["out"])  # None: validate says "no checkpoint"
         cfg = resolve_config(explicit, saved)
         problems = validate(cfg)
+        checkpoint.lock_run_dir(cfg.out)  # one writer: a second train.py on OUT stops here, having written nothing
         train(cfg, problems)
     except (ConfigError, checkpoint.CheckpointError) as exc:
         print(f"train.py: error: {exc}", file=sys.stderr)
@@ -565,20 +476,9 @@ def main(argv: list[str] | None = None) -> int:
         exc.__traceback__ = None
         print("train.py: interrupted; continue with --resume", file=sys.stderr)
         return 130
-    return 0
-
-
-def warm_start_only(explicit: dict) -> int:
-    """--preset tiny --warm-start-only: rebuild the tiny preset's base model (tiny.warm_start) and exit."""
-    if explicit.get("preset") != "tiny":
-        raise ConfigError("--warm-start-only needs --preset tiny (it builds the tiny preset's base model)")
-    _need(0 <= explicit.get("seed", 0) < 2**64, "seed", explicit.get("seed"), "in [0, 2**64)")
-    torch.set_num_threads(resolve_config(explicit).cpu_threads or torch.get_num_threads())
-    try:
-        out = tiny.rebuild_warm_start(explicit.get("out", tiny.WARM_START_DIR), seed=explicit.get("seed", 0))
-    except FileExistsError as exc:
-        raise ConfigError(f"--warm-start-only: {exc}")
-    print(f"train.py: wrote the warm start to {out}")
+    finally:
+        if cfg is not None:
+            checkpoint.unlock_run_dir(cfg.out)  # and removes an OUT it created if nothing was written there
     return 0
 
 

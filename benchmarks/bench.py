@@ -84,6 +84,8 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config  # noqa: E402
 
+import checkpoint  # noqa: E402
+import cli  # noqa: E402
 import rollout  # noqa: E402
 import spiral  # noqa: E402
 import train  # noqa: E402
@@ -798,7 +800,7 @@ def run_decode_part(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0])
+    p = cli.OneLineParser(prog="bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="store_true", help="run the CPU part (5: log-prob memory, 7: decode step cost) "
                                                         "instead of the GPU part")
     p.add_argument("--cpu-parts", type=lambda s: s.split(","), default=["logprobs", "decode"],
@@ -808,7 +810,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="CPU part: chunk sizes to compare (the first gives logprob_memory_ratio); default: "
                         "train.py's logprob_chunk_size")
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH (a new file or an earlier "
+                                                  "bench.py result, unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="let --json replace a file bench.py did not write")
     p.add_argument("--size", choices=sorted(SCALES), default="4b", help="GPU part: 4b (Qwen3-4B) or toy")
     p.add_argument("--device", default=None, help="GPU part: device (default cuda; toy may use cpu)")
     p.add_argument("--only", type=lambda s: s.split(","), default=list(GPU_MEASUREMENTS),
@@ -831,8 +835,66 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args) -> None:
+    """Every flag, before anything is built or measured: cli.ConfigError (one line, exit 2) on bad input."""
+    for name in ("max_new_tokens", "agg_prompts", "agg_micro_batch", "step_problems"):
+        cli.check_count(name, getattr(args, name))
+    for size in args.chunk_sizes or []:
+        cli.check_count("chunk_sizes", size)
+    if args.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise cli.ConfigError(f"--device {args.device}: expected cpu, cuda or cuda:N")
+    if args.save_model is not None:
+        path = args.save_model
+        if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+            raise cli.ConfigError(f"--save-model {path} exists and is not an empty directory")
+        why = checkpoint.out_path_problem(path)
+        if why:
+            raise cli.ConfigError(f"--save-model {path!r}: {why}")
+        if not (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
+            config = Qwen3Config(**MODEL_CONFIGS[args.size])
+            gigabytes = 4 * (decoder_matmul_params(config) + config.vocab_size * config.hidden_size) / 1e9  # fp32
+            available = _meminfo_kib("MemAvailable")
+            if available is not None and gigabytes > available * 1024 / 1e9:
+                raise cli.ConfigError(f"--save-model at --size {args.size} on CPU builds {gigabytes:.0f} GB in fp32, "
+                                      f"more than the {available * 1024 / 1e9:.0f} GB available; use --size toy, or "
+                                      "a GPU (bf16, half the size)")
+            if gigabytes > 1:
+                print(f"bench.py: warning: --save-model builds {gigabytes:.0f} GB in fp32 on CPU", file=sys.stderr)
+    if args.json is not None:
+        if not args.json.strip() or os.path.isdir(args.json):
+            raise cli.ConfigError(f"--json {args.json!r}: expected a file path")
+        why = checkpoint.unwritable(os.path.dirname(os.path.abspath(args.json)))
+        if why:
+            raise cli.ConfigError(f"--json {args.json}: {why}")
+        if os.path.exists(args.json) and not args.overwrite and not _written_by_bench(args.json):
+            raise cli.ConfigError(f"--json {args.json} exists and was not written by bench.py; choose another path "
+                                  "or pass --overwrite")
+
+
+def _written_by_bench(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f).get("written_by") == "bench.py"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _meminfo_kib(field: str) -> int | None:
+    """A /proc/meminfo field in KiB (None where there is no /proc)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+        check_args(args)
+    except cli.ConfigError as exc:
+        print(f"bench.py: error: {exc}", file=sys.stderr)
+        return 2
     if args.logprob_worker:
         print(json.dumps(logprob_worker(json.loads(args.logprob_worker))))
         return 0
@@ -862,8 +924,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         results = run_gpu_part(args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        tmp = f"{args.json}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump({"written_by": "bench.py", **results}, f, indent=2)
+        os.replace(tmp, args.json)
         print(f"bench.py: wrote {args.json}")
     return 0
 

@@ -66,7 +66,9 @@ def test_warm_start_is_deterministic(tmp_path, one_thread):
 def test_warm_start_only_flag(monkeypatch, tmp_path, capsys):
     calls = []
     monkeypatch.setattr(tiny, "warm_start", lambda out, seed: calls.append((out, seed)))
-    assert train.main(["--preset", "tiny", "--warm-start-only"]) == 0
+    assert train.main(["--preset", "tiny", "--warm-start-only"]) == 2  # the shipped warm start only when named
+    assert f"--out {os.path.relpath(tiny.WARM_START_DIR)}" in capsys.readouterr().err
+    assert train.main(["--preset", "tiny", "--warm-start-only", "--out", tiny.WARM_START_DIR]) == 0
     assert train.main(["--preset", "tiny", "--warm-start-only", "--out", str(tmp_path), "--seed", "3"]) == 0
     assert calls == [(tiny.WARM_START_DIR, 0), (str(tmp_path), 3)]
     assert train.main(["--warm-start-only"]) == 2 and "--preset tiny" in capsys.readouterr().err

@@ -322,12 +322,14 @@ def test_a_corrupted_cache_file_is_named_and_regenerated(tiny_runs, capsys):
     first, _ = runs("--method", "passk", "--cache-dir", str(cache), out=runs.root / "corrupt.json")
     files = sorted(cache.glob("*.json"))
     assert len(files) == 2  # one pool per problem
+    drawn = json.loads(files[0].read_text())["traces"]
     files[0].write_text('{"key": {"stage": "sea')  # a torn file
     capsys.readouterr()
     second, prompts = runs("--method", "passk", "--cache-dir", str(cache), out=runs.root / "corrupt.json")
     assert f"corrupted cache file {files[0]}" in capsys.readouterr().err
-    assert len(prompts) == 1 and json.loads(files[0].read_text())["traces"]  # that problem's pool, rewritten
-    assert second["policies"]["base"]["problems"][1] == first["policies"]["base"]["problems"][1]
+    assert json.loads(files[0].read_text())["traces"] == drawn  # that problem's pool, rewritten with the same traces
+    assert len(prompts) == 2  # its whole call again (both problems), seeded as the first run seeded it
+    assert second["policies"]["base"] == first["policies"]["base"]  # so the same traces: the same result
 
 
 def _random_adapter(shared_model, directory, names=("default",)):
@@ -377,7 +379,8 @@ def test_policies_are_compared_on_the_same_problems(tiny_runs, tmp_path, monkeyp
     assert loads == ["tiny"]  # one base model; the adapters are named LoRA adapters on it
     assert list(result["policies"]) == ["base", "lora", "again"]
     base, tuned, again = (result["policies"][k] for k in ("base", "lora", "again"))
-    assert base["summary"] == first["policies"]["base"]["summary"]  # the base policy's traces, read back
+    assert base["summary"] == first["policies"]["base"]["summary"]  # same weights, same seeds: the model's path
+    # ("tiny" here, the warm start's directory in the first run) is not part of a seed
     assert [r["problem"] for r in tuned["problems"]] == [r["problem"] for r in base["problems"]]
     assert tuned["problems"] != base["problems"] and again["summary"] == tuned["summary"]  # same policy, same key
     table = capsys.readouterr().out

@@ -163,13 +163,28 @@ BAD_INPUTS = {  # argv (after SMALL; {run} is a 1-step run directory, {tmp} its 
     "resume and overwrite": (["--out", "{run}", "--resume", "--overwrite"], "exclude each other"),
     "resume an empty dir": (["--out", "{tmp}/empty_model", "--resume"], "--resume: no checkpoint in"),
     "resume changes lr": (["--out", "{run}", "--resume", "--lr", "0.1"], "--lr 0.1 differs"),
+    # issue 22 / 19: --out that os.access would pass for root, a file, unbounded counts
+    "out empty": (["--out", ""], "--out '': an empty path"),
+    "out in /proc": (["--out", "/proc/spiral-run"], "/proc is not writable"),
+    "out is a file, overwrite": (["--out", "{tmp}/surrogate.jsonl", "--overwrite"], "is a file, not a run directory"),
+    "num-search 100000": (["--num-search", "100000", "--out", "{tmp}/new"], "at most 4096 traces"),
+    "batch-problems 1e6": (["--batch-problems", "1000000", "--out", "{tmp}/new"], "at most the 5 problems"),
+    "max-draws 1e9": (["--max-draws", "1000000000", "--out", "{tmp}/new"], "--max-draws must be at most 500"),
+    "max-new-tokens 1e9": (["--max-new-tokens", "1000000000", "--out", "{tmp}/new"], "at most 262,144"),
+    "data /dev/zero": (["--data", "/dev/zero", "--out", "{tmp}/new"], "/dev/zero: not a regular file"),
+    "resume, fewer steps": (["--out", "{run}", "--resume", "--steps", "1", "--save-every", "1"], None),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_bad_input_is_one_line_and_touches_nothing(case, world, run, capsys):
+def test_bad_input_is_one_line_and_touches_nothing(case, world, run, capsys, monkeypatch):
     _files(run.parent)
     extra, message = BAD_INPUTS[case]
+    if message is None:  # a 3-step run resumed with --steps 1
+        shutil.rmtree(run)
+        shutil.copytree(world["root"] / "unbroken", run)
+        extra, message = extra, "--steps 1: the run in {run} is already at step 3"
+    monkeypatch.setattr(train.rollout, "load_policy", lambda *a, **k: pytest.fail("loaded the model on bad input"))
     fill = lambda s: s.replace("{run}", str(run)).replace("{tmp}", str(run.parent))  # noqa: E731
     before = _snapshot(run.parent)
     assert train.main(SMALL + ["--data", world["data"], *map(fill, extra)]) == 2
@@ -432,3 +447,127 @@ def test_train_step_takes_no_non_finite_step():
         optimizer = torch.optim.SGD([weight], lr=1e30)  # finite loss and gradient, an overflowing step
         with pytest.raises(train.Diverged, match="LoRA weights non-finite"):
             train.train_step(torch.nn.Linear(1, 1), optimizer, [])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The run directory (issue 22): what a save deletes, one writer, a resume that knows its data
+
+
+def test_a_save_keeps_what_the_user_put_in_checkpoint(world, run):
+    keep = run / "checkpoint" / "best-step1-keep"
+    shutil.copytree(run / "checkpoint" / "step-000001", keep)
+    (keep / "notes.txt").write_text("the good one")
+    (run / "checkpoint" / "step-000001.old-3").mkdir()  # a crash's leftover: the run's own, so deleted
+    assert _run(world["data"], run, "--resume", "--steps", "2") == 0
+    assert sorted(os.listdir(run / "checkpoint")) == ["best-step1-keep", "latest", "step-000002"]
+    assert (keep / "notes.txt").read_text() == "the good one" and (keep / "trainer_state.json").exists()
+
+
+def test_a_second_writer_is_refused_and_a_killed_one_leaves_no_lock(world, run, capsys):
+    holder = subprocess.Popen([sys.executable, "-c", f"import checkpoint, sys, time; checkpoint.lock_run_dir("
+                               f"{str(run)!r}); print('locked', flush=True); time.sleep(120)"],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = _snapshot(run)
+        assert _run(world["data"], run, "--resume", "--steps", "2") == 2
+        _one_line_error(capsys, f"--out {run} is in use by another")
+        assert _snapshot(run) == before
+    finally:
+        holder.kill()  # SIGKILL: the kernel drops the lock
+        holder.wait()
+    assert _run(world["data"], run, "--resume", "--steps", "2") == 0
+
+
+def test_a_refused_new_run_leaves_no_directory(world, tmp_path, monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise OSError("disk on fire")
+    monkeypatch.setattr(train.rollout, "load_policy", broken)
+    assert _run(world["data"], tmp_path / "new") == 2
+    _one_line_error(capsys, "disk on fire")
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("change", ["answers", "shrunk"])
+def test_resume_refuses_changed_data_before_touching_anything(change, world, run, capsys):
+    original = open(world["data"]).read()
+    lines = original.splitlines(keepends=True)
+    with open(run / "checkpoint" / "step-000001" / "trainer_state.json") as f:
+        assert json.load(f)["data"]["sha256"]  # the fingerprint is saved
+    before = _snapshot(run)
+    try:  # the same --data path, its content changed
+        with open(world["data"], "w") as f:
+            f.write("".join(lines[:2]) if change == "shrunk" else original.replace('"2"', '"3"'))
+        assert _run(world["data"], run, "--resume", "--steps", "2") == 2
+    finally:
+        with open(world["data"], "w") as f:
+            f.write(original)
+    _one_line_error(capsys, "the training data differ from the checkpoint's")
+    assert _snapshot(run) == before
+
+
+@pytest.mark.parametrize("bad", [{"index": "abc"}, {"index": -1}, {"index": 99}, {"epoch": None}])
+def test_a_corrupt_data_position_is_refused_before_metrics_are_cut(bad, world, run, capsys):
+    path = run / "checkpoint" / "step-000001" / "trainer_state.json"
+    state = json.loads(path.read_text())
+    state["data"].update(bad)
+    path.write_text(json.dumps(state))
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 2}) + "\n")  # a later step, which a resume from step 1 would cut
+    before = _snapshot(run)
+    assert _run(world["data"], run, "--resume", "--steps", "2") == 2
+    _one_line_error(capsys, "step-000001" if bad != {"index": 99} else "data position 99 is past the 5 problems")
+    assert _snapshot(run) == before
+
+
+def test_resume_from_a_nan_checkpoint_is_one_line(world, run, capsys):
+    from safetensors.torch import save_file
+    weights = run / "checkpoint" / "step-000001" / "adapter" / "adapter_model.safetensors"
+    save_file({k: torch.full_like(v, float("nan")) for k, v in load_file(weights).items()}, weights)
+    before = _snapshot(run)
+    assert _run(world["data"], run, "--resume", "--steps", "2") == 2
+    _one_line_error(capsys, "holds non-finite LoRA weights")
+    assert _snapshot(run) == before
+
+
+def test_resume_at_its_last_step_says_so(world, tmp_path, capsys):
+    shutil.copytree(world["root"] / "unbroken", tmp_path / "run")
+    assert _run(world["data"], tmp_path / "run", "--resume", "--steps", str(STEPS)) == 0
+    assert f"already at step {STEPS} = --steps" in capsys.readouterr().out
+
+
+def test_a_run_that_keeps_no_problem_says_so(world, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(spiral, "reward", lambda text, gold: 0.0)  # no trace is ever correct
+    assert _run(world["data"], tmp_path / "run", "--steps", "5", "--save-every", "5") == 0
+    err = capsys.readouterr().err
+    assert "warning: steps 1-5 kept no problem, so no gradient step was taken; no trace was correct" in err
+
+
+def test_step_watch_reports_grader_timeouts_and_long_skips():
+    watch = train.cli.StepWatch(patience=2)
+    assert watch.check({"step": 1, "problems_kept": 1, "grader/ungraded": 0}) == []
+    assert watch.check({"step": 2, "problems_kept": 1, "grader/ungraded": 240, "grader/timeouts": 240}) == [
+        "train.py: warning: step 2: 240 rewards scored 0 without a verdict (240 grader timeouts; see reward.py)"]
+    assert watch.check({"step": 3, "problems_kept": 0, "accuracy": 1.0}) == []
+    assert "steps 3-4 kept no problem" in watch.check({"step": 4, "problems_kept": 0, "accuracy": 1.0})[0]
+    assert watch.check({"step": 5, "problems_kept": 1}) == [] and watch.streak == 0
+
+
+WARM_START_BAD = {  # argv after --preset tiny --warm-start-only -> message
+    "threads -3": (["--out", "{tmp}/ws", "--cpu-threads", "-3"], "--cpu-threads must be a positive integer"),
+    "out empty": (["--out", ""], "--out '': an empty path"),
+    "out in /proc": (["--out", "/proc/ws"], "/proc is not writable"),
+    "no out": ([], "--warm-start-only needs --out DIR"),
+    "seed -1": (["--out", "{tmp}/ws", "--seed", "-1"], "--seed must be in [0, 2**64)"),
+    "a training flag": (["--out", "{tmp}/ws", "--steps", "3"], "not --steps"),
+}
+
+
+@pytest.mark.parametrize("case", list(WARM_START_BAD))
+def test_warm_start_only_checks_its_flags_first(case, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(train.tiny, "warm_start", lambda *a, **k: pytest.fail("trained on bad input"))
+    extra, message = WARM_START_BAD[case]
+    argv = ["--preset", "tiny", "--warm-start-only", *(a.replace("{tmp}", str(tmp_path)) for a in extra)]
+    assert train.main(argv) == 2
+    _one_line_error(capsys, message)
+    assert os.listdir(tmp_path) == []

@@ -129,6 +129,6 @@ def test_resume_refuses_changed_settings():
 
 def test_overwrite_accepts_a_run_directory(files):
     cfg = train.resolve_config({"preset": "tiny", "data": f"{files}/ok.jsonl", "out": f"{files}/oldrun",
-                                "overwrite": True})
+                                "overwrite": True, "batch_problems": 1})  # ok.jsonl holds one problem
     assert [p.answer for p in train.validate(cfg)] == ["2"]
     assert os.path.exists(files / "oldrun" / "metrics.jsonl")  # validation itself deletes nothing
