@@ -22,6 +22,7 @@ import torch
 
 import checkpoint
 import reward
+import problemset
 import rollout
 import setsample
 import tiny
@@ -175,9 +176,9 @@ def _check_device_and_model(cfg) -> None:
 
 
 def load_problems(data: str) -> list:
-    """rollout.load_problems, any failure one ConfigError line."""
+    """problemset.load_problems, any failure one ConfigError line."""
     try:
-        problems = rollout.load_problems(data)
+        problems = problemset.load_problems(data)
     except Exception as exc:  # noqa: BLE001 - any loader failure is a one-line input error
         raise ConfigError(f"--data {data}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
     if not problems:
@@ -263,7 +264,7 @@ def _resolve_policies(cfg) -> list[dict]:
         if adapter is None:
             if Path(path).exists() and not (Path(path) / "config.json").is_file():
                 raise ConfigError(f"{flag}: neither an adapter (adapter_config.json) nor a model (config.json)")
-            if not Path(path).exists() and path != "tiny" and not rollout.HUB_ID.match(path):
+            if not Path(path).exists() and path != "tiny" and not problemset.HUB_ID.match(path):
                 raise ConfigError(f"{flag}: no such adapter or model directory")
             policies.append({"label": label, "model": _canonical(path), "adapter": None})
             continue

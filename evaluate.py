@@ -52,6 +52,7 @@ import checkpoint
 import cli
 import figures
 import reward as grader
+import problemset
 import rollout
 import tiny
 from lora import load_adapter, lora_parameters, use_adapter
@@ -455,7 +456,7 @@ def load_policies(cfg) -> dict[str, dict]:
 def run(cfg) -> int:
     """Evaluate every policy on the same problems; write the JSON (atomically), print the tables, draw the PNG."""
     try:
-        problems = rollout.load_problems(cfg.data)[: cfg.limit]
+        problems = problemset.load_problems(cfg.data)[: cfg.limit]
     except Exception as e:  # missing file, malformed line, unreachable Hub: one line, no traceback
         raise UsageError(f"cannot load --data {cfg.data}: {e}") from None
     if not problems:

@@ -40,7 +40,8 @@ import numpy as np
 
 from advantages import group_advantages, length_aware, spiral_advantages
 from reward import grader_stats, reward
-from rollout import Completion, Problem, aggregation_prompt, generate, search_prompt
+from rollout import Completion, aggregation_prompt, generate, search_prompt
+from problemset import Problem
 from setsample import gradient_scale, sample_sets
 
 

@@ -20,8 +20,10 @@ from transformers import GenerationConfig
 
 from logprobs import TokenBatch, completion_logprobs
 from lora import replace_dir, write_json_atomic
+import problemset
 import rollout
-from rollout import DATA_DIR, Problem, aggregation_prompt, chat_prompt_ids, search_prompt
+from rollout import aggregation_prompt, chat_prompt_ids, search_prompt
+from problemset import DATA_DIR, Problem
 
 # The tiny preset's base model: the output of warm_start, shipped with the repository (3.7 MB).
 WARM_START_DIR = os.path.join(DATA_DIR, "tiny_warmstart")
@@ -226,6 +228,6 @@ def rebuild_warm_start(out_dir: str = WARM_START_DIR, seed: int = 0) -> str:
     return out_dir
 
 
-# rollout.load_policy("tiny") and rollout.load_problems("tiny_sums") find these here (rollout never imports tiny).
+# rollout.load_policy("tiny") and problemset.load_problems("tiny_sums") find these here (rollout never imports tiny).
 rollout.CODE_BUILT_POLICIES["tiny"] = load_tiny_policy
-rollout.CODE_BUILT_PROBLEMS["tiny_sums"] = tiny_sum_problems
+problemset.CODE_BUILT_PROBLEMS["tiny_sums"] = tiny_sum_problems

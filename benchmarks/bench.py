@@ -86,6 +86,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config  # 
 
 import checkpoint  # noqa: E402
 import cli  # noqa: E402
+import problemset  # noqa: E402
 import rollout  # noqa: E402
 import spiral  # noqa: E402
 import train  # noqa: E402
@@ -484,7 +485,7 @@ def _timed_generate_calls(calls: list):
 def _one_step(model, tokenizer, scale: Scale, device: str, algo: str, adapter: bool) -> dict:
     rng = np.random.default_rng(4)
     V = model.config.vocab_size
-    problems = [rollout.Problem(random_words(scale.problem_tokens, V, rng), "1") for _ in range(scale.step_problems)]
+    problems = [problemset.Problem(random_words(scale.problem_tokens, V, rng), "1") for _ in range(scale.step_problems)]
     stream = iter(problems * 2)
     draw = lambda: next(stream)  # noqa: E731
     calls: list[float] = []

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import evaluate  # noqa: E402
+import problemset  # noqa: E402
 import rollout  # noqa: E402
 
 
@@ -37,7 +38,7 @@ def run_mode(name: str, args) -> dict:
         cfg = evaluate.parse_args(["--preset", "tiny", "--limit", str(args.limit), "--num-samples",
                                    str(args.num_samples), "--out", os.path.join(out, "r.json"),
                                    *(["--micro-batch-size", str(args.micro_batch_size)] if args.micro_batch_size else [])])
-    problems = rollout.load_problems(cfg.data)[: cfg.limit]
+    problems = problemset.load_problems(cfg.data)[: cfg.limit]
     model, tokenizer = rollout.load_policy(cfg.model, device="cpu")
     tokens_per_call = 1 if name == "per-problem" else cfg.tokens_per_call
     generate, inside = rollout.generate, {"search": 0.0, "rsa": 0.0}

@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import problemset
+
 import rollout
 import train
 import checkpoint
@@ -23,9 +25,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_tiny_task_is_graded_by_the_real_reward():
-    problems = rollout.load_problems("tiny_sums")
+    problems = problemset.load_problems("tiny_sums")
     assert len(problems) == 100 and len({p.problem for p in problems}) == 100
-    assert problems == rollout.load_problems("tiny_sums")  # deterministic
+    assert problems == problemset.load_problems("tiny_sums")  # deterministic
     assert sorted(p.problem for p in problems) == sorted(f"What is {a} + {b}?" for a in range(10) for b in range(10))
     assert len({p.problem.split()[2] for p in problems[:20]}) >= 5  # shuffled: --limit 20 sees many first digits
     p = next(p for p in problems if p.problem == "What is 3 + 7?")
@@ -100,7 +102,7 @@ def test_warm_start_has_the_properties_spiral_needs(one_thread):
     """(a) clearly non-zero but imperfect accuracy; (b) independent samples make different mistakes, so majority@4
     beats one sample by a wide margin; and the aggregator copies candidates (about as accurate as one trace)."""
     model, tokenizer = rollout.load_policy(tiny.WARM_START_DIR, device="cpu")
-    problems = rollout.load_problems("tiny_sums")
+    problems = problemset.load_problems("tiny_sums")
     torch.manual_seed(0)
     search = rollout.generate(model, tokenizer, [rollout.search_prompt(p.problem) for p in problems],
                               samples_per_prompt=8, max_new_tokens=12)

@@ -13,7 +13,8 @@ import pytest
 
 import reward
 import spiral
-from rollout import Completion, Problem
+from rollout import Completion
+from problemset import Problem
 
 SLOW_ANSWER = "\\boxed{(10^{7})!}"  # about a second in the worker before math-verify's own limit stops it
 

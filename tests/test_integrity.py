@@ -21,6 +21,7 @@ import cli
 import evaluate
 import lora
 import reward
+import problemset
 import rollout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,29 +49,29 @@ def test_a_fifo_is_refused_without_blocking(tmp_path):
     previous = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(_Hang()))
     signal.alarm(10)  # open() on a FIFO with no writer blocks forever: turn that into a failure
     try:
-        with pytest.raises(rollout.ProblemFileError, match="not a regular file"):
-            rollout.load_problems(str(fifo))
+        with pytest.raises(problemset.ProblemFileError, match="not a regular file"):
+            problemset.load_problems(str(fifo))
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
 
 
 def test_devices_long_lines_and_huge_integers_are_named(tmp_path, monkeypatch):
-    with pytest.raises(rollout.ProblemFileError, match="/dev/zero: not a regular file"):
-        rollout.load_problems("/dev/zero")
+    with pytest.raises(problemset.ProblemFileError, match="/dev/zero: not a regular file"):
+        problemset.load_problems("/dev/zero")
     data = tmp_path / "p.jsonl"
     data.write_text('{"problem": "1 + 1", "answer": 2}\n{"problem": "big", "answer": ' + "7" * 5000 + "}\n")
-    with pytest.raises(rollout.ProblemFileError, match=r"p.jsonl, line 2: not valid JSON \(an integer of 5,000 digits"):
-        rollout.load_problems(str(data))
+    with pytest.raises(problemset.ProblemFileError, match=r"p.jsonl, line 2: not valid JSON \(an integer of 5,000 digits"):
+        problemset.load_problems(str(data))
     data.write_text('{"problem": "1 + 1", "answer": 2}\n{"problem": "' + "x" * 200 + '", "answer": "1"}\n')
-    monkeypatch.setattr(rollout, "MAX_LINE_BYTES", 100)
-    with pytest.raises(rollout.ProblemFileError, match="p.jsonl, line 2: longer than 100 characters"):
-        rollout.load_problems(str(data))
-    monkeypatch.setattr(rollout, "MAX_LINE_BYTES", 1000)
-    assert [p.answer for p in rollout.load_problems(str(data))] == ["2", "1"]  # an integer answer is its digits
-    monkeypatch.setattr(rollout, "MAX_PROBLEM_FILE_BYTES", 100)
-    with pytest.raises(rollout.ProblemFileError, match="more than 100"):
-        rollout.load_problems(str(data))
+    monkeypatch.setattr(problemset, "MAX_LINE_BYTES", 100)
+    with pytest.raises(problemset.ProblemFileError, match="p.jsonl, line 2: longer than 100 characters"):
+        problemset.load_problems(str(data))
+    monkeypatch.setattr(problemset, "MAX_LINE_BYTES", 1000)
+    assert [p.answer for p in problemset.load_problems(str(data))] == ["2", "1"]  # an integer answer is its digits
+    monkeypatch.setattr(problemset, "MAX_PROBLEM_FILE_BYTES", 100)
+    with pytest.raises(problemset.ProblemFileError, match="more than 100"):
+        problemset.load_problems(str(data))
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ import figures
 import spiral
 import train
 from lora import add_lora, lora_parameters
-from rollout import Completion, Problem
+from rollout import Completion
+from problemset import Problem
 from tiny import build_tiny_model, build_tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -18,7 +18,7 @@ import lora
 import setsample
 import spiral
 import train
-from rollout import Problem
+from problemset import Problem
 from test_spiral import fake_reward, scripted_generate
 
 SMALL = ["--preset", "tiny", "--batch-problems", "1", "--num-search", "3", "--set-size", "2", "--num-sets", "2",

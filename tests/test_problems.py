@@ -1,4 +1,4 @@
-"""rollout.py, problems: bundled sets, local JSONL files with errors that name file, line and field, and the
+"""problemset.py: bundled sets, local JSONL files with errors that name file, line and field, and the
 Hugging Face Hub path (no network: offline mode and a stand-in for the download)."""
 
 import json
@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-import rollout
+import problemset
+
 
 
 @pytest.mark.parametrize(
@@ -15,14 +16,14 @@ import rollout
     [("math_train", 7470, False), ("aime_1983_2023", 969, True), ("math500", 500, True), ("aime2024", 30, True)],
 )
 def test_bundled_sets(name, count, with_ids):
-    problems = rollout.load_problems(name)
+    problems = problemset.load_problems(name)
     assert len(problems) == count
-    assert all(isinstance(p, rollout.Problem) and p.problem.strip() and p.answer.strip() for p in problems)
+    assert all(isinstance(p, problemset.Problem) and p.problem.strip() and p.answer.strip() for p in problems)
     assert all((p.id is not None) == with_ids for p in problems)
 
 
 def test_aime2024_first_problem():
-    first = rollout.load_problems("aime2024")[0]
+    first = problemset.load_problems("aime2024")[0]
     assert first.id == "aime_2024_I_1" and first.answer == "204" and first.problem.startswith("Every morning Aya")
 
 
@@ -30,9 +31,9 @@ def test_training_sets_do_not_contain_evaluation_problems():
     def key(text):
         return re.sub(r"[^a-z0-9]", "", text.lower())
 
-    evaluation = {key(p.problem) for name in ("math500", "aime2024") for p in rollout.load_problems(name)}
+    evaluation = {key(p.problem) for name in ("math500", "aime2024") for p in problemset.load_problems(name)}
     for name in ("math_train", "aime_1983_2023"):
-        assert not [p.id for p in rollout.load_problems(name) if key(p.problem) in evaluation], name
+        assert not [p.id for p in problemset.load_problems(name) if key(p.problem) in evaluation], name
 
 
 def write_lines(tmp_path, lines, name="problems.jsonl"):
@@ -51,10 +52,10 @@ def test_local_jsonl(tmp_path):
             json.dumps({"problem": "x?", "answer": "\\frac{1}{2}", "difficulty": "3/8"}),  # extra fields ignored
         ],
     )
-    assert rollout.load_problems(path) == [
-        rollout.Problem("1+1?", "2", "a"),
-        rollout.Problem("AIME-style", "204", "7"),
-        rollout.Problem("x?", "\\frac{1}{2}", None),
+    assert problemset.load_problems(path) == [
+        problemset.Problem("1+1?", "2", "a"),
+        problemset.Problem("AIME-style", "204", "7"),
+        problemset.Problem("x?", "\\frac{1}{2}", None),
     ]
 
 
@@ -77,24 +78,24 @@ GOOD = json.dumps({"problem": "1+1?", "answer": "2"})
 )
 def test_malformed_line_names_file_line_and_field(tmp_path, bad_line, field):
     path = write_lines(tmp_path, [GOOD, GOOD, bad_line, GOOD])
-    with pytest.raises(rollout.ProblemFileError) as error:
-        rollout.load_problems(path)
+    with pytest.raises(problemset.ProblemFileError) as error:
+        problemset.load_problems(path)
     message = str(error.value)
     assert path in message and "line 3" in message and field in message
 
 
 def test_unknown_sources(tmp_path):
     with pytest.raises(FileNotFoundError, match="math_train"):
-        rollout.load_problems("math_trian")  # a typo of a bundled name
+        problemset.load_problems("math_trian")  # a typo of a bundled name
     with pytest.raises(FileNotFoundError):
-        rollout.load_problems(str(tmp_path / "missing.jsonl"))
+        problemset.load_problems(str(tmp_path / "missing.jsonl"))
 
 
 def test_unreachable_hub_suggests_bundled_data(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network call is made
     for source in ("spiral-ref-tests/no-such-dataset", "spiral-ref-tests/no-such-dataset:train.jsonl"):
-        with pytest.raises(rollout.HubUnavailableError) as error:
-            rollout.load_problems(source)
+        with pytest.raises(problemset.HubUnavailableError) as error:
+            problemset.load_problems(source)
         assert isinstance(error.value, RuntimeError)
         message = str(error.value)
         assert "no-such-dataset" in message and "'math_train'" in message and "\n" not in message
@@ -118,13 +119,13 @@ def test_hub_dataset_is_read_like_a_local_file(monkeypatch, tmp_path):
         return str(folder)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
-    problems = rollout.load_problems("POLARIS-Project/Polaris-Dataset-53K")
-    assert problems == [rollout.Problem("Find $x$.", "540"), rollout.Problem("Find $y$.", "2")]
+    problems = problemset.load_problems("POLARIS-Project/Polaris-Dataset-53K")
+    assert problems == [problemset.Problem("Find $x$.", "540"), problemset.Problem("Find $y$.", "2")]
     (repo_id, kwargs), = calls
     assert repo_id == "POLARIS-Project/Polaris-Dataset-53K" and kwargs["repo_type"] == "dataset"
     assert kwargs["allow_patterns"] == ["*.jsonl"]
 
     write_lines(folder, [json.dumps(rows[0])], name="second.jsonl")  # two files: ambiguous, must be named
     with pytest.raises(ValueError, match="second.jsonl"):
-        rollout.load_problems("POLARIS-Project/Polaris-Dataset-53K")
+        problemset.load_problems("POLARIS-Project/Polaris-Dataset-53K")
     assert os.path.exists(folder / "second.jsonl")

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import spiral
-from rollout import Completion, Problem
+from rollout import Completion
+from problemset import Problem
 
 
 def scripted_generate(good_traces):
