@@ -204,11 +204,11 @@ def measure(model, tokenizer, problems: list[Problem], *, samples: int = 8, set_
             max_new_tokens: int = 16) -> dict[str, float]:
     """The task's property on a policy, means over `problems` with `samples` search traces each (torch seed `seed`):
 
-        single       P(one trace is right)                                     pass@1
-        majority     P(the most frequent answer of `set_size` traces is right) majority@n, ties count as wrong
-        any_right    P(some trace of a set of `set_size` is right)             pass@n
-        parts_right  P(every digit is right in some trace of the set)          what a per-part aggregator can reach
-        aggregation  P(one aggregation trace over the set is right)            the Aggregation Trace Prompt
+        single       P(one trace is right)                                          pass@1
+        majority     P(the most frequent answer of all `samples` traces is right)   majority@samples, ties split
+        any_right    P(some trace of a set of `set_size` is right)                  pass@set_size
+        parts_right  P(every digit is right in some trace of the set)               what a per-part aggregator can reach
+        aggregation  P(one aggregation trace over the set is right)                 the Aggregation Trace Prompt
     Sets are consecutive, disjoint groups of `set_size` of the samples. Graded by the project's reward.
     """
     from reward import extract_answer, reward
@@ -223,11 +223,14 @@ def measure(model, tokenizer, problems: list[Problem], *, samples: int = 8, set_
     aggregations = generate(model, tokenizer, [aggregation_prompt(p.problem, [c.text for c in s]) for p, s in sets],
                             samples_per_prompt=1, max_new_tokens=max_new_tokens)
     single = [reward(c.text, p.answer) for p, pool in zip(problems, pools) for c in pool]
-    majority, any_right, parts_right = [], [], []
+    majority = []
+    for p, pool in zip(problems, pools):
+        counts = Counter(extract_answer(c.text) or "" for c in pool)
+        top = [a for a, c in counts.items() if c == max(counts.values())]
+        majority.append((p.answer in top) / len(top))  # a tie is broken uniformly at random
+    any_right, parts_right = [], []
     for p, s in sets:
         answers = [extract_answer(c.text) or "" for c in s]
-        counts = Counter(answers).most_common()
-        majority.append(float(counts[0][0] == p.answer and (len(counts) == 1 or counts[1][1] < counts[0][1])))
         any_right.append(float(any(reward(c.text, p.answer) == 1.0 for c in s)))
         parts_right.append(float(all(any(len(a) == len(p.answer) and a[i] == d for a in answers)
                                      for i, d in enumerate(p.answer))))

@@ -126,7 +126,8 @@ PRESETS: dict[str, dict] = {
     # The second CPU task (tiny_parts.py), where a set of traces knows more than one; the tiny preset otherwise.
     "tiny_parts": {
         "model": tiny_parts.WARM_START_DIR, "data": tiny_parts.PROBLEMS_FILE, "device": "cpu", "cpu_threads": 1,
-        "steps": 60, "save_every": 20, "lr": 2e-3, "micro_batch_tokens": 8192, "gradient_checkpointing": False,
+        "steps": 30, "save_every": 10, "lr": 2e-3, "micro_batch_tokens": 8192, "gradient_checkpointing": False,
+        "max_draws": 16,  # 2 |B|: once most problems are solved, 4 |B| draws per step doubled the CPU time
         "max_new_tokens": {"spiral": 16, "grpo": 32},  # a trace is 14 tokens; 12 x 32 = (8 + 4 x 4) x 16
     },
 }

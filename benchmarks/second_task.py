@@ -88,7 +88,7 @@ def train_runs(seeds: list[int], steps: int | None, runs_dir: str, jobs: int) ->
 def evaluate(seeds: list[int], runs_dir: str, limit: int) -> dict:
     """One evaluate.py call over the warm start and every run; returns its result JSON."""
     out = os.path.join(runs_dir, "eval", "results.json")
-    cmd = [sys.executable, "evaluate.py", "--preset", "tiny_parts", "--limit", str(limit), "--method", "all",
+    cmd = ["nice", "-n", "5", sys.executable, "evaluate.py", "--preset", "tiny_parts", "--limit", str(limit), "--method", "all",
            "--rsa-populations", "4",  # P=8 would triple the CPU time of the evaluation
            "--out", out, "--policy", "base=data/tiny_parts_warmstart"]
     cmd += [f"--policy={algo}-s{seed}={os.path.join(runs_dir, f'{algo}-s{seed}', 'adapter')}" for algo in ALGOS

@@ -111,8 +111,8 @@ def test_warm_start_set_knows_more_than_a_trace(one_thread):
     assert m["single"] < 0.45  # hard for one trace
     assert m["any_right"] > m["single"] + 0.2  # a set of 4 often holds a right trace
     assert m["parts_right"] > m["any_right"] + 0.1  # and more often holds every part somewhere
-    assert m["majority"] > m["single"] + 0.05
-    assert m["aggregation"] > m["single"] + 0.1  # the aggregator combines parts
+    assert m["majority"] > m["single"] + 0.15  # majority@8: the right answer is the most frequent one
+    assert m["aggregation"] > m["single"] + 0.15  # the aggregator combines parts
 
 
 @pytest.mark.parametrize("algo", ["spiral", "grpo"])
