@@ -126,3 +126,23 @@ def test_preset_trains_a_few_steps(algo, tmp_path, one_thread):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and (out / "adapter" / "adapter_model.safetensors").is_file()
     assert rows[0]["token_budget_per_problem"] == 384
+
+
+def test_benchmark_table_reports_mean_spread_and_range_over_seeds():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("second_task", os.path.join(REPO, "benchmarks", "second_task.py"))
+    second_task = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(second_task)
+
+    def summary(x):  # every metric of a policy equal to x
+        return {"passk": {"k": [1, 2, 4, 8], "pass_at_k": [x] * 4}, "majority": {"k": [1, 2, 4, 8], "accuracy": [x] * 4},
+                "rsa": [{"population": 4, "pass_at_1": [x] * 3}]}
+
+    values = {"base": 0.2, "grpo-s0": 0.9, "grpo-s1": 0.8, "spiral-s0": 0.5, "spiral-s1": 0.7}
+    results = {"policies": {name: {"summary": summary(x)} for name, x in values.items()}}
+    markdown, cells = second_task.table(results, [0, 1])
+    assert cells["grpo"]["pass@1"] == [0.9, 0.8] and cells["spiral"]["RSA P=4 step 3"] == [0.5, 0.7]
+    rows = markdown.splitlines()
+    assert rows[2].startswith("| warm start | 0.200 |")
+    assert "0.850 ± 0.071 [0.800, 0.900]" in rows[3] and "0.600 ± 0.141 [0.500, 0.700]" in rows[4]
