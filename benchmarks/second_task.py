@@ -151,7 +151,10 @@ def figure(results: dict, seeds: list[int], runs_dir: str, path: str) -> bool:
             rs = [next(r for r in s["rsa"] if r["population"] == P) for s in sums]
             band(axes[1], rs[0]["step"], [r["pass_at_1"] for r in rs], color=colors[key], marker="o",
                  linestyle=style, label=f"{names[key]} P={P}")
-    axes[0].set(xscale="log", xlabel="max tokens per problem (traces x 16)", ylabel="accuracy",
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xticks([16, 32, 64, 128, 192], labels=["16", "32", "64", "128", "192"], minor=False)
+    axes[0].minorticks_off()
+    axes[0].set(xlabel="max tokens per problem (traces x 16)", ylabel="accuracy",
                 title="test-time compute: majority@k (k=1..8) and RSA")
     axes[1].set(xlabel="RSA step (1 = the search traces)", ylabel="pass@1", title="RSA, set size 4")
     axes[1].set_xticks([1, 2, 3])
