@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tiny_parts.py", description=main.__doc__)
     parser.add_argument("--out", default=WARM_START_DIR, help="warm-start directory (default: the shipped one)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1, as the shipped warm start was built: the bytes depend on it)")
     args = parser.parse_args(argv)
     out = args.out
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)) \
