@@ -242,7 +242,12 @@ def measure(model, tokenizer, problems: list[Problem], *, samples: int = 8, set_
 
 def main(argv: list[str] | None = None) -> int:
     """python tiny_parts.py [--out DIR] [--seed S] [--threads T]: rebuild the problems file and the warm start."""
-    parser = argparse.ArgumentParser(prog="tiny_parts.py", description=main.__doc__)
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line, exit code 2, no usage block
+            print(f"tiny_parts.py: error: {message}", file=sys.stderr)
+            sys.exit(2)
+
+    parser = Parser(prog="tiny_parts.py", description=main.__doc__)
     parser.add_argument("--out", default=WARM_START_DIR, help="warm-start directory (default: the shipped one)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,

@@ -102,6 +102,9 @@ def test_cli_refuses_a_directory_that_is_not_a_warm_start(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("a user's file")
     assert tiny_parts.main(["--out", str(tmp_path)]) == 2
     assert "not a warm start" in capsys.readouterr().err and (tmp_path / "notes.txt").read_text() == "a user's file"
+    with pytest.raises(SystemExit) as exit_info:
+        tiny_parts.main(["--seed", "x"])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.count("\n") == 1  # one line, no usage block
 
 
 def test_warm_start_set_knows_more_than_a_trace(one_thread):
