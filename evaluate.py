@@ -55,13 +55,14 @@ import reward as grader
 import problemset
 import rollout
 import tiny
+import tiny_parts
 from lora import load_adapter, lora_parameters, use_adapter
 from reward import extract_answer, reward
 from testtime import derive_seed, digest, majority_at_k, pass_at_k, recursive_self_aggregation
 
 METHODS = ("passk", "majority", "rsa", "sequential")
 
-# The two presets. Values the paper states are marked; the rest are our choices (one GPU, HF generate).
+# The presets. Values the paper states are marked; the rest are our choices (one GPU, HF generate).
 PRESETS = {
     "paper": dict(
         model=rollout.DEFAULT_MODEL, data="math500", limit=None,  # paper: Qwen3-4B-Instruct-2507
@@ -75,6 +76,10 @@ PRESETS = {
         num_samples=8, max_new_tokens=12, majority_max_new_tokens=12,  # a tiny trace is 8 tokens ("3 + 5 = \\boxed{8}")
         rsa_populations=[4, 8], rsa_set_size=4, rsa_steps=3, max_tokens_list=[4, 8, 12],
         micro_batch_size=128),  # on a CPU, batches of ~1,000 short sequences spill the caches (benchmarks/)
+    "tiny_parts": dict(  # the second CPU task (tiny_parts.py); a trace is 14 tokens ("352 + 416 = \\boxed{768}")
+        model=tiny_parts.WARM_START_DIR, data=tiny_parts.PROBLEMS_FILE, limit=100, temperature=1.0,
+        majority_subsets=32, num_samples=8, max_new_tokens=16, majority_max_new_tokens=16,
+        rsa_populations=[4, 8], rsa_set_size=4, rsa_steps=3, max_tokens_list=[16], micro_batch_size=128),
 }
 
 RSA_PRESETS = {

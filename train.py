@@ -49,6 +49,7 @@ import rollout
 import setsample
 import spiral
 import tiny
+import tiny_parts
 from cli import ConfigError, validate
 from logprobs import TokenBatch, attention_backends, completion_logprobs
 from lora import TARGET_MODULES, add_lora, adapter_names, export_adapters, lora_parameters, replace_dir, use_adapter
@@ -65,7 +66,8 @@ def option(default, help: str):
 class TrainConfig:
     """Defaults are the paper's appendix table (the `paper` preset) unless a help text says otherwise."""
 
-    preset: Literal["paper", "tiny"] = option("paper", "paper: the appendix's table (needs a GPU); tiny: the CPU demo")
+    preset: Literal["paper", "tiny", "tiny_parts"] = option("paper", "paper: the appendix's table (needs a GPU); tiny: "
+                                                            "the CPU demo; tiny_parts: the CPU task of tiny_parts.py")
     algo: Literal["spiral", "grpo"] = option("spiral", "spiral (Algorithm 1) or grpo (the baseline, equal budget)")
     model: str = option(rollout.DEFAULT_MODEL, "base model: a Hugging Face id, a local directory, or 'tiny'")
     data: str = option("math_train", "training problems: bundled set, JSONL file or Hub id (paper: POLARIS-53K)")
@@ -124,6 +126,13 @@ PRESETS: dict[str, dict] = {
         "lr": 2e-3,  # LoRA on a 0.9M-parameter model: 100x the paper's (measured: 5e-3 and 1e-2 collapse)
         "micro_batch_tokens": 8192,
         "gradient_checkpointing": False,  # memory is no issue here; recomputation would cost ~30% of a step
+    },
+    # The second CPU task (tiny_parts.py), where a set of traces knows more than one; the tiny preset otherwise.
+    "tiny_parts": {
+        "model": tiny_parts.WARM_START_DIR, "data": tiny_parts.PROBLEMS_FILE, "device": "cpu", "cpu_threads": 1,
+        "steps": 30, "save_every": 10, "lr": 2e-3, "micro_batch_tokens": 8192, "gradient_checkpointing": False,
+        "max_draws": 16,  # 2 |B|: once most problems are solved, 4 |B| draws per step doubled the CPU time
+        "max_new_tokens": {"spiral": 16, "grpo": 32},  # a trace is 14 tokens; 12 x 32 = (8 + 4 x 4) x 16
     },
 }
 

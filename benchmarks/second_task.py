@@ -1,0 +1,217 @@
+"""SPIRAL against GRPO at equal token budget on the second CPU task (tiny_parts.py, issue 21), over several seeds.
+
+For each algorithm and seed: `python train.py --preset tiny_parts --algo ALGO --seed S` (skipped when the run has
+already finished; resumed when it stopped part-way), then one `python evaluate.py --preset tiny_parts` call with the
+warm start and every run side by side (pass@k, majority@k, RSA; traces cached, so a rerun only reads them). Writes
+the table of means and spreads over seeds (Markdown and JSON) and a figure (PNG, needs matplotlib):
+
+    python benchmarks/second_task.py                       # 3 seeds x 2 algorithms, then the evaluation
+    python benchmarks/second_task.py --seeds 0,1,2,3,4      # more seeds; finished runs are reused
+
+Outputs: benchmarks/second_task.{md,json,png}; runs and the evaluation under runs/second_task/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+ALGOS = ("grpo", "spiral")
+# (column, how to read it from one policy's evaluate.py summary)
+COLUMNS = [
+    ("pass@1", lambda s: s["passk"]["pass_at_k"][s["passk"]["k"].index(1)]),
+    ("pass@4", lambda s: s["passk"]["pass_at_k"][s["passk"]["k"].index(4)]),
+    ("pass@8", lambda s: s["passk"]["pass_at_k"][s["passk"]["k"].index(8)]),
+    ("majority@4", lambda s: s["majority"]["accuracy"][s["majority"]["k"].index(4)]),
+    ("majority@8", lambda s: s["majority"]["accuracy"][s["majority"]["k"].index(8)]),
+    *[(f"RSA P={P} step {t}", lambda s, P=P, t=t: next(r for r in s["rsa"] if r["population"] == P)["pass_at_1"][t - 1])
+      for P in (4,) for t in (2, 3)],
+]
+
+
+def _run(cmd: list[str]) -> float:
+    """Run a command from the repository root; exit on failure; return its wall time in seconds."""
+    print("+", " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    if subprocess.run(cmd, cwd=REPO).returncode != 0:
+        sys.exit(f"second_task.py: error: {' '.join(cmd)} failed")
+    return time.perf_counter() - start
+
+
+def train_runs(seeds: list[int], steps: int | None, runs_dir: str, jobs: int) -> dict[str, float]:
+    """Train every (algo, seed) run that has not finished, `jobs` at a time (niced); {run: wall seconds}."""
+    import checkpoint
+
+    todo = []
+    for seed in seeds:
+        for algo in ALGOS:
+            name, out = f"{algo}-s{seed}", os.path.join(runs_dir, f"{algo}-s{seed}")
+            cmd = ["nice", "-n", "5", sys.executable, "train.py", "--preset", "tiny_parts", "--algo", algo,
+                   "--seed", str(seed), "--out", out, "--no-plot"] + (["--steps", str(steps)] if steps else [])
+            rows = checkpoint.read_metrics(os.path.join(out, "metrics.jsonl")) if os.path.isdir(out) else []
+            config = checkpoint.saved_config(out) if checkpoint.latest_checkpoint(out) else None
+            wanted = steps or (config or {}).get("steps") or 100
+            if config and rows and rows[-1]["step"] >= wanted and os.path.isdir(os.path.join(out, "adapter")):
+                continue  # finished earlier
+            todo.append((name, cmd + (["--resume"] if config else ["--overwrite"] if os.path.isdir(out) else [])))
+    seconds, running = {}, []
+    while todo or running:
+        while todo and len(running) < jobs:
+            name, cmd = todo.pop(0)
+            print("+", " ".join(cmd), flush=True)
+            log = open(os.path.join(REPO, runs_dir, f"{name}.log"), "w")
+            running.append((name, subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT),
+                            time.perf_counter(), log))
+        time.sleep(2)
+        for item in list(running):
+            name, proc, start, log = item
+            if proc.poll() is not None:
+                log.close()
+                running.remove(item)
+                if proc.returncode != 0:
+                    sys.exit(f"second_task.py: error: training {name} failed (exit {proc.returncode}); see "
+                             f"{runs_dir}/{name}.log")
+                seconds[name] = time.perf_counter() - start
+                print(f"second_task.py: {name} trained in {seconds[name]:.0f} s", flush=True)
+    return seconds
+
+
+def evaluate(seeds: list[int], runs_dir: str, limit: int) -> dict:
+    """One evaluate.py call over the warm start and every run; returns its result JSON."""
+    out = os.path.join(runs_dir, "eval", "results.json")
+    cmd = ["nice", "-n", "5", sys.executable, "evaluate.py", "--preset", "tiny_parts", "--limit", str(limit), "--method", "all",
+           "--rsa-populations", "4",  # P=8 would triple the CPU time of the evaluation
+           "--out", out, "--policy", "base=data/tiny_parts_warmstart"]
+    cmd += [f"--policy={algo}-s{seed}={os.path.join(runs_dir, f'{algo}-s{seed}', 'adapter')}" for algo in ALGOS
+            for seed in seeds]
+    _run(cmd)
+    with open(os.path.join(REPO, out)) as f:
+        return json.load(f)
+
+
+def table(results: dict, seeds: list[int]) -> tuple[str, dict]:
+    """Markdown table (mean ± sample std over seeds, [min, max]) and the same numbers as a dict."""
+    policies = results["policies"]
+    cells = {"base": {c: [fn(policies["base"]["summary"])] for c, fn in COLUMNS}}
+    for algo in ALGOS:
+        cells[algo] = {c: [fn(policies[f"{algo}-s{s}"]["summary"]) for s in seeds] for c, fn in COLUMNS}
+    lines = ["| policy | " + " | ".join(c for c, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for name, row in cells.items():
+        label = "warm start" if name == "base" else f"{name.upper() if name == 'grpo' else 'SPIRAL'} ({len(seeds)} seeds)"
+        parts = []
+        for c, _ in COLUMNS:
+            v = np.array(row[c])
+            parts.append(f"{v[0]:.3f}" if len(v) == 1 else
+                         f"{v.mean():.3f} ± {v.std(ddof=1):.3f} [{v.min():.3f}, {v.max():.3f}]")
+        lines.append(f"| {label} | " + " | ".join(parts) + " |")
+    return "\n".join(lines), cells
+
+
+def figure(results: dict, seeds: list[int], runs_dir: str, path: str) -> bool:
+    """Three panels: accuracy vs token budget per problem (pass@1 and majority@k; RSA P=4 through each step), RSA
+    pass@1 per step (P=4), and the training curves. Mean over seeds, bars: min to max."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("second_task.py: matplotlib is not installed; no figure")
+        return False
+    import checkpoint
+
+    policies = results["policies"]
+    colors = {"base": "tab:gray", "grpo": "tab:blue", "spiral": "tab:red"}
+    names = {"base": "warm start", "grpo": "GRPO", "spiral": "SPIRAL"}
+    members = {"base": ["base"], **{a: [f"{a}-s{s}" for s in seeds] for a in ALGOS}}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+
+    def band(ax, x, ys, **kw):
+        ys = np.array(ys)  # (seeds, points)
+        mean = ys.mean(0)
+        ax.errorbar(x, mean, yerr=[mean - ys.min(0), ys.max(0) - mean], capsize=3, **kw)
+
+    for key, labels in members.items():
+        sums = [policies[m]["summary"] for m in labels]
+        maj = sums[0]["majority"]
+        band(axes[0], maj["budget"], [s["majority"]["accuracy"] for s in sums], color=colors[key], marker="o",
+             label=f"{names[key]} majority@k")
+        rsa4 = [next(r for r in s["rsa"] if r["population"] == 4) for s in sums]
+        band(axes[0], rsa4[0]["budget"], [r["pass_at_1"] for r in rsa4], color=colors[key], marker="s",
+             linestyle="--", label=f"{names[key]} RSA P=4, steps 1-3")
+        for P, style in ((4, "-"),):
+            rs = [next(r for r in s["rsa"] if r["population"] == P) for s in sums]
+            band(axes[1], rs[0]["step"], [r["pass_at_1"] for r in rs], color=colors[key], marker="o",
+                 linestyle=style, label=f"{names[key]} P={P}")
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xticks([16, 32, 64, 128, 192], labels=["16", "32", "64", "128", "192"], minor=False)
+    axes[0].minorticks_off()
+    axes[0].set(xlabel="max tokens per problem (traces x 16)", ylabel="accuracy",
+                title="test-time compute: majority@k (k=1..8) and RSA")
+    axes[1].set(xlabel="RSA step (1 = the search traces)", ylabel="pass@1", title="RSA, set size 4")
+    axes[1].set_xticks([1, 2, 3])
+    for algo in ALGOS:
+        for key, style, what in [("accuracy", "-", "reward"), ("search_accuracy", ":", "search"),
+                                 ("aggregation_accuracy", "-", "aggregation")]:
+            curves = []
+            for s in seeds:
+                rows = checkpoint.read_metrics(os.path.join(runs_dir, f"{algo}-s{s}", "metrics.jsonl"))
+                if rows and key in rows[0]:
+                    curves.append([r[key] for r in rows])
+            if curves:
+                n = min(len(c) for c in curves)
+                y = np.convolve(np.mean([c[:n] for c in curves], 0), np.ones(5) / 5, mode="valid")
+                axes[2].plot(np.arange(len(y)) + 3, y, color=colors[algo], linestyle=style,
+                             label=f"{names[algo]} {what}")
+    axes[2].set(xlabel="training step", ylabel="mean reward (5-step mean, over seeds)", title="training")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"tiny_parts: SPIRAL vs GRPO at equal training budget (384 tokens per problem), "
+                 f"{len(seeds)} seeds, {results['config']['limit']} problems x 8 samples; bars: min-max over seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
+    parser.add_argument("--steps", type=int, help="training steps per run (default: the preset's)")
+    parser.add_argument("--limit", type=int, default=50, help="evaluation problems (default 50)")
+    parser.add_argument("--runs-dir", default="runs/second_task")
+    parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
+    parser.add_argument("--out", default="benchmarks/second_task", help="prefix of the .md, .json and .png")
+    args = parser.parse_args(argv)
+    try:
+        seeds = sorted({int(s) for s in args.seeds.split(",")})
+    except ValueError:
+        parser.error(f"--seeds expects comma-separated integers, got {args.seeds!r}")
+    if len(seeds) < 2 or min(seeds) < 0 or (args.steps is not None and args.steps < 1) or args.limit < 1 or args.jobs < 1:
+        parser.error("need at least 2 non-negative seeds (a spread), and positive --steps, --limit and --jobs")
+    os.chdir(REPO)
+    os.makedirs(args.runs_dir, exist_ok=True)
+    seconds = train_runs(seeds, args.steps, args.runs_dir, args.jobs)
+    results = evaluate(seeds, args.runs_dir, args.limit)
+    markdown, cells = table(results, seeds)
+    print(markdown)
+    with open(f"{args.out}.md", "w") as f:
+        f.write(f"<!-- written by benchmarks/second_task.py --seeds {','.join(map(str, seeds))} -->\n{markdown}\n")
+    with open(f"{args.out}.json", "w") as f:
+        json.dump({"seeds": seeds, "cells": cells, "train_seconds_this_call": seconds}, f, indent=1)
+    if figure(results, seeds, args.runs_dir, f"{args.out}.png"):
+        print(f"second_task.py: wrote {args.out}.md, .json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The second CPU task (issue 21, tiny_parts.py): generator and grader, the noisy solver and the plurality
+aggregator it imitates, the shipped files, the warm start's measured property (a set knows more than a trace), and
+a short run of each algorithm on `--preset tiny_parts`."""
+
+import json
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import reward
+import problemset
+import rollout
+import tiny_parts
+import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_problems_are_deterministic_distinct_carry_free_and_graded_by_the_reward():
+    problems = tiny_parts.parts_problems()
+    assert problems == tiny_parts.parts_problems() and len({p.id for p in problems}) == len(problems) == 1000
+    for p in problems:
+        a, b = p.problem.removeprefix("What is ").removesuffix("?").split(" + ")
+        assert len(a) == len(b) == tiny_parts.DIGITS and a[0] != "0" and b[0] != "0"
+        assert all(int(x) + int(y) <= 9 for x, y in zip(a, b))  # no carry: each digit of the answer is one part
+        assert p.answer == str(int(a) + int(b)) and p.id == f"parts-{a}-{b}"
+    assert len({p.problem[8] for p in problems[:20]}) >= 5  # a spread of first digits within --limit 20
+    gold = problems[0].answer
+    assert reward.reward(tiny_parts.parts_trace(problems[0].problem, gold), gold) == 1.0
+    wrong = gold[:2] + str((int(gold[2]) + 1) % 10)
+    assert reward.reward(tiny_parts.parts_trace(problems[0].problem, wrong), gold) == 0.0  # one wrong part: wrong
+    assert reward.reward(tiny_parts.parts_trace(problems[0].problem, gold[::-1]), gold) == float(gold == gold[::-1])  # order matters
+
+
+def test_shipped_problem_file_is_the_generator_output():
+    assert problemset.load_problems(tiny_parts.PROBLEMS_FILE) == tiny_parts.parts_problems()
+    with open(tiny_parts.PROBLEMS_FILE, encoding="utf-8") as f:
+        shipped = f.read()
+    assert json.loads(shipped.splitlines()[0]) == {"problem": "What is 643 + 111?", "answer": "754",
+                                                   "id": "parts-643-111"}
+
+
+def test_noisy_solver_gets_each_digit_right_independently_and_errs_uniformly():
+    rng = np.random.default_rng(0)
+    answers = [tiny_parts.noisy_parts_answer("754", rng, 0.6) for _ in range(20000)]
+    right_D = np.array([[a[i] == "754"[i] for i in range(3)] for a in answers])  # (20000, 3)
+    assert np.allclose(right_D.mean(0), 0.6, atol=0.015)
+    assert abs(right_D.all(1).mean() - 0.6**3) < 0.015  # independent parts: a whole trace is right 0.216 of the time
+    wrong_last = Counter(a[2] for a in answers if a[2] != "4")
+    assert sorted(wrong_last) == [d for d in "012356789"]  # every other digit
+    assert max(wrong_last.values()) / min(wrong_last.values()) < 1.25  # uniformly
+
+
+def _plurality_slow(answers, position):
+    counts = {d: sum(a[position] == d for a in answers) for d in "0123456789"}
+    return {d for d, c in counts.items() if c == max(counts.values())}
+
+
+def test_plurality_aggregator_takes_each_part_from_the_candidates_that_agree():
+    rng = np.random.default_rng(1)
+    assert tiny_parts.plurality_parts(["154", "724", "750", "954"], rng) == "754"  # right part from each
+    for _ in range(300):
+        answers = [tiny_parts.noisy_parts_answer("754", rng, 0.5) for _ in range(4)]
+        out = tiny_parts.plurality_parts(answers, rng)
+        assert all(out[i] in _plurality_slow(answers, i) for i in range(3))
+    ties = Counter(tiny_parts.plurality_parts(["12", "34"], rng) for _ in range(400))
+    assert set(ties) == {"12", "14", "32", "34"}  # ties broken at random, per part
+
+
+def test_tokenizer_makes_each_part_one_token():
+    tokenizer = tiny_parts.build_parts_tokenizer()
+    pieces = [tokenizer.decode([i]) for i in tokenizer(tiny_parts.parts_trace("What is 352 + 416?", "768"), add_special_tokens=False)
+              ["input_ids"]]
+    assert pieces[-4:] == ["7", "6", "8", "}"]
+    prompt = tokenizer.decode(rollout.chat_prompt_ids(tokenizer, rollout.search_prompt("What is 352 + 416?")))
+    assert "What is 352 + 416?" in prompt
+
+
+def test_shipped_warm_start_matches_the_code():
+    model, tokenizer = rollout.load_policy(tiny_parts.WARM_START_DIR, device="cpu")
+    fresh = tiny_parts.build_parts_tokenizer()
+    message = rollout.aggregation_prompt("What is 352 + 416?", [tiny_parts.parts_trace("What is 352 + 416?", "768")] * 4)
+    assert rollout.chat_prompt_ids(tokenizer, message) == rollout.chat_prompt_ids(fresh, message)
+    with open(os.path.join(tiny_parts.WARM_START_DIR, "warm_start.json")) as f:
+        recipe = json.load(f)["recipe"]
+    assert recipe["task"] == "tiny_parts" and recipe["steps"] == 400 and recipe["seed"] == 0 and \
+        recipe["p_digit"] == 0.6  # tiny_parts.warm_start's defaults, as `python tiny_parts.py` runs it
+
+
+def test_warm_start_is_deterministic(tmp_path, one_thread):
+    for name in ("a", "b"):
+        tiny_parts.warm_start(str(tmp_path / name), steps=2, batch_size=8, progress=False)
+    a = load_file(str(tmp_path / "a" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_cli_refuses_a_directory_that_is_not_a_warm_start(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("a user's file")
+    assert tiny_parts.main(["--out", str(tmp_path)]) == 2
+    assert "not a warm start" in capsys.readouterr().err and (tmp_path / "notes.txt").read_text() == "a user's file"
+    with pytest.raises(SystemExit) as exit_info:
+        tiny_parts.main(["--seed", "x"])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.count("\n") == 1  # one line, no usage block
+
+
+def test_warm_start_set_knows_more_than_a_trace(one_thread):
+    """The property the task exists for, measured on the shipped warm start (fixed problems and seed)."""
+    model, tokenizer = rollout.load_policy(tiny_parts.WARM_START_DIR, device="cpu")
+    m = tiny_parts.measure(model, tokenizer, tiny_parts.parts_problems()[:60], samples=8, set_size=4, seed=0)
+    assert m["single"] < 0.45  # hard for one trace
+    assert m["any_right"] > m["single"] + 0.2  # a set of 4 often holds a right trace
+    assert m["parts_right"] > m["any_right"] + 0.1  # and more often holds every part somewhere
+    assert m["majority"] > m["single"] + 0.15  # majority@8: the right answer is the most frequent one
+    assert m["aggregation"] > m["single"] + 0.15  # the aggregator combines parts
+
+
+@pytest.mark.parametrize("algo", ["spiral", "grpo"])
+def test_preset_trains_a_few_steps(algo, tmp_path, one_thread):
+    cfg = train.resolve_config({"preset": "tiny_parts", "algo": algo})
+    assert cfg.model == tiny_parts.WARM_START_DIR and cfg.data == tiny_parts.PROBLEMS_FILE
+    assert train.token_budget_per_problem(cfg) == 384  # equal budget: (8 + 16) x 16 = 12 x 32
+    out = tmp_path / algo
+    assert train.main(["--preset", "tiny_parts", "--algo", algo, "--steps", "2", "--batch-problems", "2",
+                       "--out", str(out), "--no-plot"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and (out / "adapter" / "adapter_model.safetensors").is_file()
+    assert rows[0]["token_budget_per_problem"] == 384
+
+
+def test_benchmark_table_reports_mean_spread_and_range_over_seeds():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("second_task", os.path.join(REPO, "benchmarks", "second_task.py"))
+    second_task = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(second_task)
+
+    def summary(x):  # every metric of a policy equal to x
+        return {"passk": {"k": [1, 2, 4, 8], "pass_at_k": [x] * 4}, "majority": {"k": [1, 2, 4, 8], "accuracy": [x] * 4},
+                "rsa": [{"population": 4, "pass_at_1": [x] * 3}]}
+
+    values = {"base": 0.2, "grpo-s0": 0.9, "grpo-s1": 0.8, "spiral-s0": 0.5, "spiral-s1": 0.7}
+    results = {"policies": {name: {"summary": summary(x)} for name, x in values.items()}}
+    markdown, cells = second_task.table(results, [0, 1])
+    assert cells["grpo"]["pass@1"] == [0.9, 0.8] and cells["spiral"]["RSA P=4 step 3"] == [0.5, 0.7]
+    rows = markdown.splitlines()
+    assert rows[2].startswith("| warm start | 0.200 |")
+    assert "0.850 ± 0.071 [0.800, 0.900]" in rows[3] and "0.600 ± 0.141 [0.500, 0.700]" in rows[4]
