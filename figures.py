@@ -89,7 +89,7 @@ class StepBar:
         def draw_counted():
             nonlocal drawn
             drawn += 1
-            self.stage(f"rollouts, {drawn} problems drawn")
+            self.stage(f"rollouts, problems drawn: {drawn}")
             return draw()
         return draw_counted
 
@@ -97,7 +97,7 @@ class StepBar:
         if "aggregation_accuracy" in row:
             self.last = f"aggregation acc {row['aggregation_accuracy']:.3f}, search acc {row['search_accuracy']:.3f}"
         else:
-            self.last = f"accuracy {row['accuracy']:.3f}"
+            self.last = f"GRPO acc {row['accuracy']:.3f}"
         self.bar.set_postfix_str(f"{self.last}, {row['time/generated_tokens_per_s']:.0f} tok/s", refresh=False)
         self.bar.update(1)
 
