@@ -85,6 +85,29 @@ def test_gradient_is_the_token_sum_over_C_at_the_temperature(tiny):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
 
 
+def test_logprobs_of_an_absolute_position_model_equal_its_unpadded_forward():
+    """Bug: position ids cumsum(mask) instead of cumsum(mask) - 1. Qwen3's RoPE only sees relative positions, so a
+    shift is invisible there; GPT-2's learned absolute positions are not. Each sample alone, unpadded, with the
+    model's own default positions 0..T-1, is the reference."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.GPT2Config(
+        vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
+    g = torch.Generator().manual_seed(1)
+    samples = [spiral.Sample(torch.randint(1, 64, (p,), generator=g).tolist(),
+                             torch.randint(1, 64, (c,), generator=g).tolist(), [], 1.0, "search")
+               for p, c in [(3, 5), (6, 2), (1, 4)]]  # different lengths: padding is exercised
+    with torch.no_grad():
+        fast, _ = completion_logprobs(model, TokenBatch.from_samples(samples, 0, "cpu"), 0.9)
+        slow = []
+        for s in samples:
+            logits = model(torch.tensor([s.prompt_ids + s.completion_ids])).logits[0, :-1] / 0.9  # (T-1, V)
+            logp = torch.log_softmax(logits, -1)[len(s.prompt_ids) - 1:]  # (L, V)
+            slow.append(logp.gather(-1, torch.tensor(s.completion_ids)[:, None]).squeeze(-1))
+    torch.testing.assert_close(fast, torch.cat(slow), rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The loop: --temperature reaches the learner's log-probs; |B| counts problems kept when one is skipped
 
