@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,8 +106,9 @@ def main() -> int:
                   f"Python {v['python']}, torch {v['torch']}, transformers {v['transformers']}, numpy {v['numpy']}, "
                   f"math-verify {v['math-verify']}): SPIRAL {len(rows['spiral'])} steps in "
                   f"{seconds['spiral'] / 60:.1f} min, GRPO in {seconds['grpo'] / 60:.1f} min, the evaluation in "
-                  f"{seconds['evaluate']:.0f} s from an empty cache (each time includes loading; a busy machine is "
-                  "slower).")
+                  f"{seconds['evaluate']:.0f} s from an empty cache (each time includes loading; load average at "
+                  f"the end {os.getloadavg()[1]:.1f} on {os.cpu_count()} cores: a busy machine is slower).")
+    provenance = textwrap.fill(provenance, 116, break_on_hyphens=False)
     readme_path = os.path.join(ROOT, "README.md")
     with open(readme_path, encoding="utf-8") as f:
         readme = f.read()
