@@ -1,10 +1,10 @@
 """The run directory: config.json, metrics.jsonl, checkpoints that resume a run exactly, and the adapters.
 
-    OUT/config.json                  the TrainConfig of the run
+    OUT/config.json                  the TrainConfig of the run, and the versions it started on (`versions`)
     OUT/metrics.jsonl                one JSON object per step
     OUT/adapter/                     the latest adapters, PEFT format (lora.py); aggregator/ for the two-model variant
     OUT/base/                        the base model, only for the code-built --model tiny
-    OUT/checkpoint/step-NNNNNN/      adapter/, optimizer.pt, rng.pt, trainer_state.json (step, data position, config)
+    OUT/checkpoint/step-NNNNNN/      adapter/, optimizer.pt, rng.pt, trainer_state.json (step, data, config, versions)
     OUT/checkpoint/latest            one line naming the newest complete step directory
 
 Every file is written under a temporary name and renamed, so a crash at any point leaves `latest` naming a complete
@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
+import platform
 import random
 import re
 import shutil
@@ -74,6 +76,41 @@ def within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def versions(device=None) -> dict:
+    """The software and device a run or an evaluation ran on, recorded in config.json, every checkpoint and
+    evaluate.py's result. Informative only: the figures were made with constraints.txt's pins, and a resume on other
+    versions warns (it is then not bit-exact) instead of refusing."""
+    found = {"python": platform.python_version()}
+    for package in ("torch", "transformers", "numpy", "math-verify"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    device = torch.device(device or "cpu")
+    found["device"] = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                       else f"{device.type} ({platform.machine() or 'unknown'}, {os.cpu_count()} cores)")
+    return found
+
+
+def warn_if_versions_differ(saved: dict | None, current: dict, what: str) -> None:
+    """One line on stderr when `saved` (a checkpoint's versions) differs from `current`; never an error."""
+    saved = saved if isinstance(saved, dict) else {}  # a checkpoint from before versions were recorded: no warning
+    changed = [f"{k} {saved[k]} -> {v}" for k, v in current.items() if k in saved and saved[k] != v]
+    if changed:
+        print(f"warning: {what} was made with other versions ({'; '.join(changed)}); it continues, but not "
+              "bit-exactly", file=sys.stderr)
+
+
+def quiet_libraries() -> None:
+    """No library progress bars (transformers' "Loading weights", huggingface_hub's downloads) in train.py's and
+    evaluate.py's output. Library warnings stay: a missing-weights report is a signal, not noise."""
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Checkpoints
 
@@ -111,7 +148,8 @@ def save_checkpoint(out_dir: str, *, model, optimizer, step: int, data_state: di
     export_adapters(model, os.path.join(tmp, "adapter"), base_model_name_or_path)
     torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
     torch.save(rng_state(np_rng), os.path.join(tmp, "rng.pt"))
-    write_json_atomic(os.path.join(tmp, "trainer_state.json"), {"step": step, "data": data_state, "config": config})
+    write_json_atomic(os.path.join(tmp, "trainer_state.json"), {"step": step, "data": data_state, "config": config,
+                                                                "versions": versions(next(model.parameters()).device)})
     replace_dir(tmp, os.path.join(root, name))
     latest_tmp = os.path.join(root, f"latest.tmp-{os.getpid()}")
     with open(latest_tmp, "w") as f:
@@ -195,6 +233,7 @@ def load_checkpoint(path: str, *, model, optimizer, np_rng) -> dict:
         if not all(bool(torch.isfinite(p).all()) for p in lora_parameters(model, name)):
             raise CheckpointError(f"{path}/adapter holds non-finite LoRA weights (the run diverged); resume from an "
                                   "earlier checkpoint or start a new run")
+    warn_if_versions_differ(state.get("versions"), versions(next(model.parameters()).device), f"checkpoint {path}")
     return state
 
 

@@ -56,6 +56,7 @@ import problemset
 import rollout
 import tiny
 import tiny_parts
+from checkpoint import quiet_libraries, versions
 from lora import load_adapter, lora_parameters, use_adapter
 from reward import extract_answer, reward
 from testtime import derive_seed, digest, majority_at_k, pass_at_k, recursive_self_aggregation
@@ -502,7 +503,9 @@ def run(cfg) -> int:
     config = {k: v for k, v in vars(cfg).items() if k not in ("model_explicit", "policy", "adapter")}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"written_by": "evaluate.py", "config": config, "policies": results}, indent=1))
+    device = next(next(iter(policies.values()))["model"].parameters()).device
+    tmp.write_text(json.dumps({"written_by": "evaluate.py", "config": config, "versions": versions(device),
+                               "policies": results}, indent=1))
     os.replace(tmp, out)
     summaries = {label: r["summary"] for label, r in results.items()}
     print(figures.evaluation_table(summaries))
@@ -514,6 +517,7 @@ def run(cfg) -> int:
 
 def main(argv=None) -> int:
     cfg = None
+    quiet_libraries()
     try:
         cfg = parse_args(argv)
         return run(cfg)

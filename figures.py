@@ -1,4 +1,5 @@
-"""The figures: a training dashboard from metrics.jsonl, and evaluate.py's test-time scaling curves.
+"""What a user sees: train.py's progress bar and closing table, the training dashboard from metrics.jsonl, and
+evaluate.py's test-time scaling curves.
 
 matplotlib is optional: without it every function prints a one-line notice and returns, and the JSON files hold
 all the numbers.
@@ -7,6 +8,7 @@ all the numbers.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 from checkpoint import read_metrics
@@ -43,6 +45,69 @@ DASHBOARD = [
     ("seconds per step", [("time/search_s", "search"), ("time/aggregation_s", "aggregation"),
                           ("time/rollout_s", "rollout (all)"), ("time/train_s", "train")]),
 ]
+
+
+# train.py's closing table, as the README's: (row label, metrics.jsonl key); a run prints the rows it has.
+FIRST_LAST_ROWS = [("search accuracy", "search_accuracy"), ("aggregation accuracy", "aggregation_accuracy"),
+                   ("GRPO accuracy", "accuracy"), ("search-trace token entropy (nats)", "rollout/entropy_search"),
+                   ("GRPO token entropy (nats)", "rollout/entropy_grpo")]
+
+
+def first_last_table(rows: list[dict]) -> str:
+    """The README's demo table (Markdown): each metric's mean over the first and the last 10% of steps (at least
+    one step each), so a run compares with the README without reading metrics.jsonl."""
+    if not rows:
+        return "no steps logged"
+    tenth = max(1, round(len(rows) / 10))
+    first, last = rows[:tenth], rows[-tenth:]
+    lines = [f"| mean over | first 10% of steps ({first[0]['step']}-{first[-1]['step']}) "
+             f"| last 10% of steps ({last[0]['step']}-{last[-1]['step']}) |", "|---|---|---|"]
+    for label, key in FIRST_LAST_ROWS:
+        if all(isinstance(r.get(key), (int, float)) for r in first + last):
+            means = [sum(r[key] for r in part) / len(part) for part in (first, last)]
+            lines.append(f"| {label} | {means[0]:.2f} | {means[1]:.2f} |")
+    return "\n".join(lines)
+
+
+class StepBar:
+    """train.py's progress bar over steps. After each step it names the accuracy it shows (SPIRAL: aggregation,
+    the rewarded level, and search; GRPO: its traces'); inside a step, its stage: the rollouts with the problems
+    drawn so far (dynamic sampling may draw more than |B|), then the gradient."""
+
+    def __init__(self, algo: str, total: int, initial: int):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, desc=algo, dynamic_ncols=True)
+        self.last = ""
+
+    def stage(self, text: str) -> None:
+        self.bar.set_postfix_str(f"{self.last}{self.last and ' | '}step {self.bar.n + 1}: {text}", refresh=True)
+
+    def counting(self, draw):
+        """`draw` (a draw_problem callable) that shows how many problems this step has drawn."""
+        drawn = 0
+
+        def draw_counted():
+            nonlocal drawn
+            drawn += 1
+            self.stage(f"rollouts, problems drawn: {drawn}")
+            return draw()
+        return draw_counted
+
+    def step_done(self, row: dict) -> None:
+        if "aggregation_accuracy" in row:
+            self.last = f"aggregation acc {row['aggregation_accuracy']:.3f}, search acc {row['search_accuracy']:.3f}"
+        else:
+            self.last = f"GRPO acc {row['accuracy']:.3f}"
+        self.bar.set_postfix_str(f"{self.last}, {row['time/generated_tokens_per_s']:.0f} tok/s", refresh=False)
+        self.bar.update(1)
+
+    def write(self, line: str) -> None:
+        """A warning line printed above the bar (to stderr), not through it."""
+        self.bar.write(line, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def dashboard_series(rows: list[dict]) -> list[tuple[str, list[tuple[str, list, list]]]]:
@@ -122,15 +187,18 @@ def plot_evaluation(summaries: dict[str, dict], path: Path, title: str = "") -> 
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     populations = sorted({r["population"] for s in summaries.values() for r in s.get("rsa", [])})
     p_marker = dict(zip(populations, "oDvPX*h" * 3))
+    # P's line style: none of majority@k's "--" and sequential's ":"
+    p_style = dict(zip(populations, ["-", "-.", (0, (6, 1, 1, 1, 1, 1)), (0, (9, 3))] * 4))
     for colour, (label, s) in zip(colours, summaries.items()):
         c = dict(color=colour, markersize=4)
         if "passk" in s:
             passk.plot(s["passk"]["k"], s["passk"]["pass_at_k"], marker="o", **c)
             ks = s["passk"]["k"]  # pass@1 for reference, across the same range of traces
             parallel.plot([ks[0], ks[-1]], [s["passk"]["pass_at_k"][0]] * 2, color=colour, linestyle=":", linewidth=1)
-        for r in s.get("rsa", []):
-            rsa.plot(r["step"], r["pass_at_1"], marker=p_marker[r["population"]], **c)
-            budget.plot(r["budget"], r["pass_at_1"], marker=p_marker[r["population"]], **c)
+        for r in s.get("rsa", []):  # P told apart by line style and marker, the policy by colour
+            p = dict(marker=p_marker[r["population"]], linestyle=p_style[r["population"]], linewidth=1.8, **c)
+            rsa.plot(r["step"], r["pass_at_1"], **p)
+            budget.plot(r["budget"], r["pass_at_1"], **p)
         if s.get("rsa"):
             parallel.plot([r["population"] for r in s["rsa"]], [r["pass_at_1"][-1] for r in s["rsa"]], marker="o", **c)
         if "majority" in s:
@@ -161,7 +229,7 @@ def plot_evaluation(summaries: dict[str, dict], path: Path, title: str = "") -> 
     rsa.xaxis.set_major_locator(MaxNLocator(integer=True))
     black = dict(color="black", markersize=5)
     handles = [Line2D([], [], color=colour, linewidth=3, label=label) for colour, label in zip(colours, summaries)]
-    handles += [Line2D([], [], marker=m, linestyle="-", label=f"RSA, population P={p}", **black)
+    handles += [Line2D([], [], marker=m, linestyle=p_style[p], linewidth=1.8, label=f"RSA, population P={p}", **black)
                 for p, m in p_marker.items()]
     handles += [Line2D([], [], marker="s", linestyle="--", label="majority@k", **black),
                 Line2D([], [], marker="^", linestyle=":", label="sequential", **black),

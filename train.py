@@ -303,8 +303,6 @@ def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng) -
 
 def train(cfg: TrainConfig, problems) -> None:
     """cfg.steps steps of: collect a batch (lines 1-13), one gradient step on it (lines 14-18), log, checkpoint."""
-    from tqdm.auto import tqdm
-
     model, tokenizer, optimizer, stream, np_rng, start, base_path = start_run(cfg, problems)
     adapter_for_role = {"aggregation": "aggregator"} if cfg.separate_aggregator else {}
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
@@ -314,12 +312,13 @@ def train(cfg: TrainConfig, problems) -> None:
               f"({rollout.kv_bytes_per_token(model.config, model.dtype):,} bytes per token)")
     if start >= cfg.steps:
         print(f"train.py: the run in {cfg.out} is already at step {start} = --steps; pass a larger --steps to continue")
-    bar, watch = tqdm(total=cfg.steps, initial=start, desc=cfg.algo, dynamic_ncols=True), cli.StepWatch()
+    bar, watch = figures.StepBar(cfg.algo, cfg.steps, start), cli.StepWatch()  # in a step: its stage, problems drawn
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         with torch.no_grad():  # Algorithm 1, lines 1-13: search, sets, aggregation, rewards, advantages
-            rollouts = collect(cfg, model, tokenizer, stream, np_rng)
+            rollouts = collect(cfg, model, tokenizer, bar.counting(stream), np_rng)
         t1 = time.perf_counter()
+        bar.stage("gradient")
         # Algorithm 1, lines 14-18: g = (1/|B|) sum_x [g_set(x) + g_std(x)], then one AdamW step along it.
         C = loss_normalizer(cfg, rollouts.metrics["problems_kept"])
         stats = train_step(model, optimizer, rollouts.samples, loss_normalizer=C, temperature=cfg.temperature,
@@ -335,15 +334,14 @@ def train(cfg: TrainConfig, problems) -> None:
             checkpoint.save_checkpoint(cfg.out, model=model, optimizer=optimizer, step=step, data_state=stream.state(),
                                        np_rng=np_rng, config=dataclasses.asdict(cfg), base_model_name_or_path=base_path)
             export_adapters(model, os.path.join(cfg.out, "adapter"), base_path, base_root=cfg.out)  # "../base"
-        accuracy = rollouts.metrics.get("aggregation_accuracy", rollouts.metrics.get("accuracy"))
-        bar.set_postfix(reward=f"{accuracy:.3f}", tok_s=f"{row['time/generated_tokens_per_s']:.0f}")
         for line in watch.check(row):  # grader timeouts; steps that kept no problem (no gradient)
-            tqdm.write(line, file=sys.stderr)
-        bar.update(1)
+            bar.write(line)
+        bar.step_done(row)
     bar.close()
     if cfg.plot and figures.plot_training(metrics_path, os.path.join(cfg.out, "metrics.png")):
         print(f"train.py: wrote {os.path.join(cfg.out, 'metrics.png')}")
-    print(f"train.py: done; adapter in {os.path.join(cfg.out, 'adapter')}")
+    print(f"train.py: done; adapter in {os.path.join(cfg.out, 'adapter')}\n"
+          + figures.first_last_table(checkpoint.read_metrics(metrics_path)))
 
 
 def enable_gradient_checkpointing(model) -> None:
@@ -397,7 +395,8 @@ def start_run(cfg: TrainConfig, problems):
         start, stream = state["step"], ProblemStream(kept, cfg.seed, **checkpoint.data_position(state, kept))
 
     # Only now, with every input checked and loaded, does the run touch the disk.
-    checkpoint.prepare_run_dir(cfg.out, config={**dataclasses.asdict(cfg), "gradient_scale_M": gradient_scale_M(cfg)},
+    checkpoint.prepare_run_dir(cfg.out, config={**dataclasses.asdict(cfg), "gradient_scale_M": gradient_scale_M(cfg),
+                                                "versions": checkpoint.versions(model.device)},
                                overwrite=cfg.overwrite, resume_step=start if cfg.resume else None)
     base_path = checkpoint.save_base(cfg.out, cfg.model, base_model, tokenizer, in_checkout=tiny.WARM_START_DIR)
     return model, tokenizer, optimizer, stream, np_rng, start, base_path
@@ -436,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_config(explicit: dict, saved: dict | None = None) -> TrainConfig:
     """TrainConfig defaults <- preset <- explicit flags; on --resume: the checkpoint's config <- explicit flags."""
     if saved is not None:
-        saved = {k: v for k, v in saved.items() if k != "gradient_scale_M"}  # config.json logs the derived M too
+        saved = {k: v for k, v in saved.items() if k not in ("gradient_scale_M", "versions")}  # config.json logs them
         unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(TrainConfig)})
         if unknown:
             raise ConfigError(f"--resume: the checkpoint's config has settings this train.py lacks {unknown}")
@@ -460,6 +459,7 @@ def resolve_config(explicit: dict, saved: dict | None = None) -> TrainConfig:
 def main(argv: list[str] | None = None) -> int:
     """Parse, validate (one-line errors, exit 2, nothing written), then train (exit 1 if it diverges)."""
     cfg = None
+    checkpoint.quiet_libraries()
     try:
         explicit = vars(build_parser().parse_args(argv))
         if explicit.get("warm_start_only"):
