@@ -33,11 +33,6 @@ EXPECTED = [
 
 # Our own lines: train.py's notices, its progress bar ("spiral: ..."), and the closing table.
 OURS = re.compile(r"train\.py: .*|spiral: .*|\|.*\||")
-# Until rollout.py's shared-prefix prefill stops passing past_key_values to generate (issue 19, another change),
-# transformers warns about it; these lines only are tolerated. Delete this once that change lands.
-TOLERATED = re.compile(r".*`past_key_values`.*|\s*sequences = model\.generate\(")
-
-
 def fingerprint(rows: list[dict]) -> list[dict]:
     return [{k: float(f"{row[k]:.3g}") if k == "train/grad_norm" else row[k] for k in EXPECTED[0]} for row in rows]
 
@@ -66,7 +61,7 @@ def test_the_demo_s_first_steps_are_the_pinned_fingerprint(demo):
 def test_the_demo_prints_no_library_noise_and_ends_with_the_readme_table(demo):
     done, _ = demo
     lines = [part.strip() for part in re.split(r"[\r\n]", done.stdout + done.stderr)]
-    noise = [line for line in lines if not OURS.fullmatch(line) and not TOLERATED.fullmatch(line)]
+    noise = [line for line in lines if not OURS.fullmatch(line)]
     assert noise == [], noise[:5]
     assert "Loading weights" not in done.stdout + done.stderr
     assert any("aggregation acc" in line for line in lines)  # the bar names the accuracy it shows
