@@ -355,10 +355,20 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+def build_trainer(cfg: train.TrainConfig, eng: EngineConfig, model, tokenizer, problems) -> SpiralGRPOTrainer:
+    """SpiralGRPOTrainer for `model` (a transformers causal LM; peft adds the LoRA) on `problems`."""
+    from datasets import Dataset
+
+    torch.manual_seed(cfg.seed)  # peft draws LoRA's A from here
+    return SpiralGRPOTrainer(
+        model=model, reward_funcs=aggregation_reward, args=grpo_args(cfg, eng, os.path.join(cfg.out, "trl")),
+        train_dataset=Dataset.from_list([{"prompt": p.problem, "answer": p.answer} for p in problems]),
+        processing_class=tokenizer, peft_config=lora_config(cfg), spiral_config=cfg, problems=problems)
+
+
 def run(cfg: train.TrainConfig, eng: EngineConfig, problems: list[Problem]) -> SpiralGRPOTrainer:
     """Load the policy, build the trainer, train cfg.steps steps; OUT/metrics.jsonl and OUT/adapter (PEFT format)."""
     import transformers
-    from datasets import Dataset
 
     cfg.device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if cfg.cpu_threads is not None:
@@ -374,11 +384,7 @@ def run(cfg: train.TrainConfig, eng: EngineConfig, problems: list[Problem]) -> S
     checkpoint.prepare_run_dir(cfg.out, config={**dataclasses.asdict(cfg), **dataclasses.asdict(eng),
                                                 "gradient_scale_M": train.gradient_scale_M(cfg)},
                                overwrite=cfg.overwrite, resume_step=None)
-    torch.manual_seed(cfg.seed)  # peft draws LoRA's A from here
-    trainer = SpiralGRPOTrainer(
-        model=model, reward_funcs=aggregation_reward, args=grpo_args(cfg, eng, os.path.join(cfg.out, "trl")),
-        train_dataset=Dataset.from_list([{"prompt": p.problem, "answer": p.answer} for p in kept]),
-        processing_class=tokenizer, peft_config=lora_config(cfg), spiral_config=cfg, problems=kept)
+    trainer = build_trainer(cfg, eng, model, tokenizer, kept)
     trainer.remove_callback(transformers.PrinterCallback)  # one line per step instead (SpiralGRPOTrainer.log)
     trainer.metrics_path = os.path.join(cfg.out, "metrics.jsonl")
     trainer.train()
