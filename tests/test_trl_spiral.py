@@ -6,6 +6,7 @@ The scripted sampler of test_spiral.py makes every reward known in advance for t
 samples the tiny model for real and grades with a pseudo-random reward (so that advantages are not all zero)."""
 
 import json
+import logging
 import warnings
 import zlib
 
@@ -107,8 +108,10 @@ def lora_grads(model):
 def test_one_step_lora_gradient_is_train_py_s_on_the_same_rollouts(trainer, monkeypatch):
     monkeypatch.setattr(spiral, "reward", lambda text, gold: float(zlib.crc32(text.encode()) % 2))
     torch.manual_seed(0)
+    # Prompts of different lengths, so that left padding, masks and positions matter.
     output = trainer._generate_and_score_completions(rows(Problem("What is 3 + 4?", "7"),
-                                                          Problem("What is 5 + 2?", "7")))
+                                                          Problem("Now, what is 15 + 2 + 1 + 7?", "25")))
+    assert output["prompt_mask"].sum(1).unique().numel() > 2
     samples = trainer.last_rollouts.samples
     assert any(s.advantage != 0 for s in samples)
     model = trainer.model
@@ -145,19 +148,23 @@ def test_settings_that_change_the_update_are_train_py_s(trainer, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_short_run_learns_and_logs_train_py_s_columns(tmp_path, one_thread):
+def test_a_short_run_learns_and_logs_train_py_s_columns(tmp_path, one_thread, caplog):
+    """Two problems, so that ten steps of 2 x 16 aggregation traces show learning (0.22 -> 0.97 when measured)."""
+    data = tmp_path / "two.jsonl"
+    data.write_text('{"problem": "What is 3 + 4?", "answer": "7"}\n{"problem": "What is 6 + 8?", "answer": "14"}\n')
     out = tmp_path / "trl"
+    caplog.set_level(logging.WARNING)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert trl_spiral.main(["--preset", "tiny", "--steps", "24", "--batch-problems", "4", "--seed", "1",
+        warnings.simplefilter("default")  # what a user sees: each warning once per place that raises it
+        assert trl_spiral.main(["--preset", "tiny", "--steps", "10", "--batch-problems", "2", "--data", str(data),
                                 "--out", str(out)]) == 0
     rows_ = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows_] == list(range(1, 25))
-    first, last = (np.mean([r["aggregation_accuracy"] for r in part]) for part in (rows_[:6], rows_[-6:]))
-    assert last >= first + 0.1, (first, last)
-    # No warning repeats step after step (TRL's GRPO scoring would warn on every reward-less search row).
-    messages = [str(w.message) for w in caught]
-    assert not [m for m in set(messages) if messages.count(m) >= 12]
+    assert [r["step"] for r in rows_] == list(range(1, 11))
+    first, last = (np.mean([r["aggregation_accuracy"] for r in part]) for part in (rows_[:3], rows_[-3:]))
+    assert last >= first + 0.3, (first, last)
+    # No warning repeats step after step (TRL's GRPO scoring logs one for every step with reward-less search rows).
+    messages = [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
+    assert not [m for m in set(messages) if messages.count(m) >= 5]
     # The same columns as train.py's metrics.jsonl on the same settings.
     assert train.main(SMALL + ["--steps", "1", "--no-plot", "--out", str(tmp_path / "train")]) == 0
     ours = json.loads((tmp_path / "train" / "metrics.jsonl").read_text().splitlines()[0])
