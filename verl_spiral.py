@@ -103,10 +103,11 @@ def spiral_trainer_class():
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                    select_fields=["uid", "response_mask", "extra_fields"])
             response_mask = data["response_mask"]  # nested: one length per row
-            proto = DataProto(batch=TensorDict({"response_mask": data.to_padded_tensor()["response_mask"]},
-                                               batch_size=len(batch)))
-            proto.non_tensor_batch["uid"] = np.array(data["uid"].tolist(), dtype=object)
-            proto.non_tensor_batch["extra_fields"] = np.array(list(data["extra_fields"]), dtype=object)
+            extra_fields_B = list(data["extra_fields"])  # as verl's ReplayBuffer reads them
+            # As PPOTrainer._compute_advantage builds its DataProto: padded to (B, T), uid as an object array.
+            proto = DataProto(batch=data.select("uid", "response_mask").to_padded_tensor())
+            proto.non_tensor_batch["uid"] = np.array(proto.batch.pop("uid").tolist(), dtype=object)
+            proto.non_tensor_batch["extra_fields"] = np.array(extra_fields_B, dtype=object)
             proto = compute_spiral_advantage(proto)
             adv_B = proto.batch["advantages"].abs().amax(dim=1)
             metrics["spiral/zero_advantage_rows"] = float((adv_B == 0).float().mean())

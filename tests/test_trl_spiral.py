@@ -148,7 +148,7 @@ def test_settings_that_change_the_update_are_train_py_s(trainer, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_short_run_learns_and_logs_train_py_s_columns(tmp_path, one_thread, caplog):
+def test_a_short_run_learns_and_logs_train_py_s_columns(tmp_path, one_thread, caplog, monkeypatch):
     """Two problems, so that ten steps of 2 x 16 aggregation traces show learning (0.22 -> 0.97 when measured)."""
     data = tmp_path / "two.jsonl"
     data.write_text('{"problem": "What is 3 + 4?", "answer": "7"}\n{"problem": "What is 6 + 8?", "answer": "14"}\n')
@@ -165,7 +165,8 @@ def test_a_short_run_learns_and_logs_train_py_s_columns(tmp_path, one_thread, ca
     # No warning repeats step after step (TRL's GRPO scoring logs one for every step with reward-less search rows).
     messages = [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
     assert not [m for m in set(messages) if messages.count(m) >= 5]
-    # The same columns as train.py's metrics.jsonl on the same settings.
+    # The same columns as train.py's metrics.jsonl on the same settings (a pseudo-random reward, so that it trains).
+    monkeypatch.setattr(spiral, "reward", lambda text, gold: float(zlib.crc32(text.encode()) % 2))
     assert train.main(SMALL + ["--steps", "1", "--no-plot", "--out", str(tmp_path / "train")]) == 0
     ours = json.loads((tmp_path / "train" / "metrics.jsonl").read_text().splitlines()[0])
     assert set(rows_[0]) == set(ours)
