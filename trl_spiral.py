@@ -54,10 +54,12 @@ from lora import TARGET_MODULES
 from rollout import Completion, Problem
 
 try:
+    import peft
+    import trl
     from trl import GRPOConfig, GRPOTrainer
     MISSING = None
 except ImportError as exc:  # main() says so in one line; SpiralGRPOTrainer needs trl
-    GRPOConfig = GRPOTrainer = None
+    GRPOConfig = GRPOTrainer = peft = trl = None
     MISSING = exc
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings the Hub from every trainer it builds
@@ -112,9 +114,7 @@ def grpo_args(cfg: train.TrainConfig, eng: EngineConfig, output_dir: str):
 
 def lora_config(cfg: train.TrainConfig):
     """peft's LoraConfig for train.py's adapter: r, alpha, lora.TARGET_MODULES, no dropout, no bias."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(TARGET_MODULES),
+    return peft.LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(TARGET_MODULES),
                       lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
 
 
@@ -339,6 +339,9 @@ def resolve(argv) -> tuple[train.TrainConfig, EngineConfig, list[Problem]]:
     explicit.setdefault("out", os.path.join("runs", f"{explicit.get('preset', 'paper')}-trl"))
     cfg = train.resolve_config(explicit)
     problems = train.validate(cfg)
+    if (trl.__version__, peft.__version__) != (TESTED_WITH["trl"], TESTED_WITH["peft"]):
+        print(f"trl_spiral.py: checked with trl {TESTED_WITH['trl']} and peft {TESTED_WITH['peft']}; you have trl "
+              f"{trl.__version__} and peft {peft.__version__}, whose private GRPOTrainer methods may differ")
     G = cfg.num_search + cfg.num_sets * cfg.num_aggregations
     train._need(eng.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", eng.gradient_accumulation_steps,
                 "a positive integer")
