@@ -6,8 +6,9 @@ Nothing SPIRAL is re-implemented here; the subclass routes TRL's two seams to th
       aggregation traces, rewards, advantages, dynamic sampling), in SpiralGRPOTrainer._generate_and_score_completions.
   Lines 14-18                                       train.importance_sampling_loss on TRL's (B, T) tensors, with
       train.loss_normalizer's constant C = |B| (N1 + K N2) L, in SpiralGRPOTrainer._compute_loss.
-TRL's rollout_func is not used: TRL would then score and normalise the rows as GRPO groups (and warn on every
-search row, which has no reward); SPIRAL's advantages need the sets, which only the rollout knows.
+TRL's rollout_func is not used: TRL would then score and normalise the rows as GRPO groups (and log a warning
+every step for the search rows, which have no reward); SPIRAL's advantages need the sets, which only the rollout
+knows.
 
 Every TRL setting that changes the update is pinned to train.py's (`grpo_args`): one AdamW step per batch
 (num_iterations 1, steps_per_generation = gradient_accumulation_steps), constant learning rate (TRL: linear decay) at
@@ -25,6 +26,7 @@ Where this departs from train.py:
   3. --use-vllm: TRL's vLLM engine samples both stages (sampler log-probs from vLLM, no sampler entropies, so no
      rollout/entropy_* columns). Not run here: it needs a GPU and `pip install trl[vllm]`.
   4. No --resume, --separate-aggregator or --algo grpo (train.py has them; TRL's GRPOTrainer is the GRPO baseline).
+  5. With several processes, metrics.jsonl holds process 0's rollout metrics (its problems only); C counts all.
 
     python trl_spiral.py --preset tiny                                       # CPU, writes runs/tiny-trl/metrics.jsonl
     accelerate launch trl_spiral.py --model Qwen/Qwen3-4B-Instruct-2507 --use-vllm    # GPUs; --help for the rest
