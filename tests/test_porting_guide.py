@@ -66,8 +66,6 @@ def test_the_blocks_run_in_order(tiny_run, one_thread):
         assert any(code.startswith(f"# needs {name}\n") for code in runnable)
     if "verl" in ENGINES:
         assert namespace["data"].batch["advantages"].abs().max() > 0  # verl's DataProto, section 4
-    if "peft" in ENGINES:
-        assert type(namespace["model"]).__name__ == "PeftModelForCausalLM"  # peft loaded the adapter, section 7
 
 
 def test_the_guide_pins_the_versions_it_was_checked_against():
