@@ -152,3 +152,13 @@ def test_unbiased_set_rl_without_an_M_is_a_one_line_error(argv, message, tmp_pat
     err = capsys.readouterr().err
     assert err.startswith("train.py: error: ") and message in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_trl_spiral_without_trl_is_a_one_line_error(monkeypatch, capsys):
+    """Runs everywhere: the main environment has no trl; elsewhere its absence is simulated."""
+    import trl_spiral
+
+    monkeypatch.setattr(trl_spiral, "MISSING", ImportError("No module named 'trl'"))
+    assert trl_spiral.main(["--preset", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trl_spiral.py: error: needs trl and peft") and "trl==1.16.0" in err and err.count("\n") == 1

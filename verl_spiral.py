@@ -1,0 +1,119 @@
+"""SPIRAL's advantages in verl 0.9.1's v1 trainer: the module PORTING.md's verl recipe names (checked against verl 0.9.1).
+
+Algorithm 1, lines 8-15 on a verl batch: every row (one trace) carries the row contract of PORTING.md, section 2,
+which the SPIRAL agent loop writes into each output's `extra_fields` (`spiral_extra_fields`); `compute_spiral_advantage`
+turns a DataProto of such rows into batch["advantages"] = batch["returns"] (B, T): A#_marg(x, y_j) on search rows,
+r - (the set's mean reward) on aggregation rows, on response tokens, 0 on padding (advantages.flat_spiral_advantages).
+
+Two facts of verl 0.9.1 decide the shape of the recipe (read from its source):
+  1. A `register_adv_est` estimator is called with token_level_rewards, response_mask, config and index (the uid)
+     only, and v1's PPOTrainer._compute_advantage fetches only those fields from the TransferQueue: the SPIRAL
+     metadata never reaches it. So `SpiralPPOTrainer` overrides `_compute_advantage` instead.
+  2. When an agent loop returns several outputs, AgentLoopWorkerTQ._agent_loop_postprocess copies the last output's
+     reward_score onto all the others. So r(x, y) travels in extra_fields["spiral_reward"], not in rm_scores.
+Only numpy, torch and advantages.py are needed for the estimator (and verl's DataProto for `compute_spiral_advantage`);
+`SpiralPPOTrainer` needs verl[verl-core] (transfer_queue) and is built on first use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from advantages import flat_spiral_advantages
+
+SPIRAL_FIELDS = ("is_search", "trace_index", "set_index", "set_members", "spiral_reward")
+
+
+def spiral_extra_fields(*, is_search: bool, set_size: int, trace_index: int = -1, set_index: int = -1,
+                        set_members=None, reward: float | None = None) -> dict:
+    """One output's SPIRAL metadata, for AgentLoopOutput.extra_fields (the row contract, PORTING.md section 2).
+
+    Search trace y_j: is_search, trace_index j, no reward. Aggregation trace of set G_l: set_index l, set_members
+    = the indices j of G_l's search traces (Algorithm 1, line 5), reward r(x, y). Fields that do not apply hold -1
+    (NaN for the reward), so that every row has the same keys and set_members the same length n.
+    """
+    members = [-1] * set_size if set_members is None else [int(j) for j in set_members]
+    if len(members) != set_size:
+        raise ValueError(f"set_members has {len(members)} entries, set_size is {set_size}")
+    return {"is_search": bool(is_search), "trace_index": int(trace_index), "set_index": int(set_index),
+            "set_members": members, "spiral_reward": float("nan") if reward is None else float(reward)}
+
+
+def columns_from_extra_fields(extra_fields_B) -> dict[str, np.ndarray]:
+    """non_tensor_batch columns from the rows' extra_fields dicts: (B,) arrays and set_members (B, n)."""
+    rows = list(extra_fields_B)
+    missing = [key for key in SPIRAL_FIELDS if any(key not in row for row in rows)]
+    if missing:
+        raise ValueError(f"rows without SPIRAL metadata {missing}: write them with spiral_extra_fields")
+    columns = {key: np.array([row[key] for row in rows], dtype=object) for key in SPIRAL_FIELDS if key != "set_members"}
+    columns["set_members"] = np.array([row["set_members"] for row in rows], dtype=np.int64)  # (B, n)
+    return columns
+
+
+def spiral_advantages_for_verl(non_tensor_batch: dict, response_mask: torch.Tensor) -> torch.Tensor:
+    """Algorithm 1, lines 8-15 for verl's rows: (B, T) float32, each row's advantage on its response tokens.
+
+    `non_tensor_batch` needs "uid" (the prompt, Algorithm 1's x) and SPIRAL_FIELDS; rows may come in any order
+    (verl's batch balancing reorders them) and the result does not change, bit for bit.
+    """
+    nt = non_tensor_batch
+    rewards_B = np.array(nt["spiral_reward"].tolist(), dtype=np.float64)  # NaN on search rows (never rewarded)
+    adv_B = flat_spiral_advantages(nt["uid"], nt["is_search"], nt["trace_index"], nt["set_index"],
+                                   np.asarray(nt["set_members"].tolist()), rewards_B)
+    return torch.as_tensor(adv_B, dtype=torch.float32)[:, None] * response_mask.to(torch.float32)  # (B, T)
+
+
+def compute_spiral_advantage(data):
+    """Fill data.batch["advantages"] and ["returns"] (B, T) of a verl DataProto with SPIRAL's advantages.
+
+    The metadata is read from data.non_tensor_batch: its SPIRAL_FIELDS columns, or else an "extra_fields" column
+    of dicts (as v1 stores agent-loop outputs). Returns `data`.
+    """
+    nt = data.non_tensor_batch
+    if not all(key in nt for key in SPIRAL_FIELDS):
+        nt.update(columns_from_extra_fields(nt["extra_fields"]))
+    adv_BT = spiral_advantages_for_verl(nt, data.batch["response_mask"])  # (B, T)
+    data.batch["advantages"] = adv_BT
+    data.batch["returns"] = adv_BT.clone()  # no critic: returns are not used, but verl expects the key
+    return data
+
+
+_TRAINER = None
+
+
+def spiral_trainer_class():
+    """verl's v1 PPOTrainerSync with SPIRAL's `_compute_advantage`, registered as trainer mode "spiral_sync"
+    (trainer.v1.trainer_mode=spiral_sync). Needs verl[verl-core]."""
+    global _TRAINER
+    if _TRAINER is not None:
+        return _TRAINER
+    import transfer_queue as tq
+    from tensordict import TensorDict
+
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+    from verl.workers.utils.padding import response_to_nested
+
+    @register_trainer("spiral_sync")
+    class SpiralPPOTrainer(PPOTrainerSync):
+        """PPOTrainerSync whose advantages are SPIRAL's (Algorithm 1, lines 8-15), from the rows' extra_fields."""
+
+        def _compute_advantage(self, batch, metrics):
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                   select_fields=["uid", "response_mask", "extra_fields"])
+            response_mask = data["response_mask"]  # nested: one length per row
+            extra_fields_B = list(data["extra_fields"])  # as verl's ReplayBuffer reads them
+            # As PPOTrainer._compute_advantage builds its DataProto: padded to (B, T), uid as an object array.
+            proto = DataProto(batch=data.select("uid", "response_mask").to_padded_tensor())
+            proto.non_tensor_batch["uid"] = np.array(proto.batch.pop("uid").tolist(), dtype=object)
+            proto.non_tensor_batch["extra_fields"] = np.array(extra_fields_B, dtype=object)
+            proto = compute_spiral_advantage(proto)
+            adv_B = proto.batch["advantages"].abs().amax(dim=1)
+            metrics["spiral/zero_advantage_rows"] = float((adv_B == 0).float().mean())
+            output = {key: response_to_nested(proto.batch[key], response_mask) for key in ("advantages", "returns")}
+            return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                                   fields=TensorDict(output, batch_size=len(batch)))
+
+    _TRAINER = SpiralPPOTrainer
+    return _TRAINER
