@@ -206,17 +206,21 @@ def warm_start(out_dir: str = WARM_START_DIR, *, steps: int = 700, batch_size: i
             optimizer.step()
             bar.set_postfix(loss=f"{loss.item():.3f}")
     model.eval()
+    save_warm_start(model, tokenizer, out_dir, dict(
+        steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, p_correct=p_correct, max_miss=max_miss,
+        aggregation_fraction=aggregation_fraction, set_size=set_size, seed=seed, torch=torch.__version__))
+    return model, tokenizer
+
+
+def save_warm_start(model, tokenizer, out_dir: str, recipe: dict) -> None:
+    """The model directory out_dir (model, tokenizer, warm_start.json with its recipe), replaced only when complete."""
     os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
     tmp = f"{os.path.abspath(out_dir)}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    recipe = dict(steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, p_correct=p_correct,
-                  max_miss=max_miss, aggregation_fraction=aggregation_fraction, set_size=set_size, seed=seed,
-                  torch=torch.__version__)
     write_json_atomic(os.path.join(tmp, "warm_start.json"), {"recipe": recipe})
     replace_dir(tmp, out_dir)
-    return model, tokenizer
 
 
 def rebuild_warm_start(out_dir: str = WARM_START_DIR, seed: int = 0) -> str:

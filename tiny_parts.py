@@ -21,18 +21,16 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 from collections import Counter
 
 import numpy as np
 import torch
 
-from lora import replace_dir, write_json_atomic
-from logprobs import TokenBatch, completion_logprobs
-from rollout import aggregation_prompt, chat_prompt_ids, search_prompt
-from problemset import DATA_DIR, Problem
 import tiny
+from logprobs import TokenBatch, completion_logprobs
+from problemset import DATA_DIR, Problem
+from rollout import aggregation_prompt, chat_prompt_ids, search_prompt
 from tiny import _SFTExample, build_tiny_model, build_tiny_tokenizer
 
 DIGITS = 3  # parts per problem
@@ -188,16 +186,9 @@ def warm_start(out_dir: str = WARM_START_DIR, *, steps: int = 400, batch_size: i
             optimizer.step()
             bar.set_postfix(loss=f"{loss:.3f}")
     model.eval()
-    os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
-    tmp = f"{os.path.abspath(out_dir)}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    recipe = dict(task="tiny_parts", steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
-                  p_digit=p_digit, aggregation_fraction=aggregation_fraction, set_size=set_size, seed=seed,
-                  torch=torch.__version__)
-    write_json_atomic(os.path.join(tmp, "warm_start.json"), {"recipe": recipe})
-    replace_dir(tmp, out_dir)
+    tiny.save_warm_start(model, tokenizer, out_dir, dict(
+        task="tiny_parts", steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, p_digit=p_digit,
+        aggregation_fraction=aggregation_fraction, set_size=set_size, seed=seed, torch=torch.__version__))
     return model, tokenizer
 
 
