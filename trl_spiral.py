@@ -53,7 +53,8 @@ import rollout
 import spiral
 import train
 from lora import TARGET_MODULES
-from rollout import Completion, Problem
+from problemset import Problem
+from rollout import Completion
 
 try:
     import peft

@@ -22,7 +22,7 @@ import spiral  # noqa: E402
 import train  # noqa: E402
 import trl_spiral  # noqa: E402
 from advantages import spiral_advantages  # noqa: E402
-from rollout import Problem  # noqa: E402
+from problemset import Problem  # noqa: E402
 from test_spiral import fake_reward, scripted_generate  # noqa: E402
 
 SMALL = ["--preset", "tiny", "--batch-problems", "2", "--num-search", "3", "--set-size", "2", "--num-sets", "2",
