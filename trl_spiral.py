@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 import checkpoint
+import cli
 import rollout
 import spiral
 import train
@@ -316,7 +317,7 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
 
 def build_parser() -> argparse.ArgumentParser:
     """train.py's flags for SHARED fields (same help, same defaults and presets) plus EngineConfig's."""
-    parser = train._Parser(prog="trl_spiral.py", description=__doc__.split("\n\n")[0],
+    parser = cli.OneLineParser(prog="trl_spiral.py", description=__doc__.split("\n\n")[0],
                            argument_default=argparse.SUPPRESS)
     hints = typing.get_type_hints(train.TrainConfig) | typing.get_type_hints(EngineConfig)
     fields = [f for f in dataclasses.fields(train.TrainConfig) if f.name in SHARED] + list(dataclasses.fields(EngineConfig))
@@ -327,32 +328,32 @@ def build_parser() -> argparse.ArgumentParser:
         elif typing.get_origin(tp) is typing.Literal:
             parser.add_argument(flag, choices=typing.get_args(tp), help=help_text)
         else:
-            parser.add_argument(flag, type=train._converter(tp, flag), metavar=f.name.upper(), help=help_text)
+            parser.add_argument(flag, type=cli.converter(tp, flag), metavar=f.name.upper(), help=help_text)
     return parser
 
 
 def resolve(argv) -> tuple[train.TrainConfig, EngineConfig, list[Problem]]:
     """Flags -> (TrainConfig, EngineConfig, problems), every check done and nothing written; ConfigError if bad."""
     if MISSING is not None:
-        raise train.ConfigError(f"needs trl and peft ({MISSING}); pip install trl=={TESTED_WITH['trl']} "
+        raise cli.ConfigError(f"needs trl and peft ({MISSING}); pip install trl=={TESTED_WITH['trl']} "
                                 f"peft=={TESTED_WITH['peft']}")
     explicit = vars(build_parser().parse_args(argv))
     eng = EngineConfig(**{f.name: explicit.pop(f.name) for f in dataclasses.fields(EngineConfig)
                           if f.name in explicit})
     explicit.setdefault("out", os.path.join("runs", f"{explicit.get('preset', 'paper')}-trl"))
     cfg = train.resolve_config(explicit)
-    problems = train.validate(cfg)
+    problems = cli.validate(cfg)
     if (trl.__version__, peft.__version__) != (TESTED_WITH["trl"], TESTED_WITH["peft"]):
         print(f"trl_spiral.py: checked with trl {TESTED_WITH['trl']} and peft {TESTED_WITH['peft']}; you have trl "
               f"{trl.__version__} and peft {peft.__version__}, whose private GRPOTrainer methods may differ")
     G = cfg.num_search + cfg.num_sets * cfg.num_aggregations
-    train._need(eng.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", eng.gradient_accumulation_steps,
+    cli.need(eng.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", eng.gradient_accumulation_steps,
                 "a positive integer")
-    train._need(cfg.batch_problems * G % eng.gradient_accumulation_steps == 0, "gradient_accumulation_steps",
+    cli.need(cfg.batch_problems * G % eng.gradient_accumulation_steps == 0, "gradient_accumulation_steps",
                 eng.gradient_accumulation_steps, f"a divisor of the {cfg.batch_problems * G} rows per step "
                                                  f"(--batch-problems x (N1 + K N2))")
     if eng.use_vllm and not (torch.cuda.is_available() and _installed("vllm")):
-        raise train.ConfigError("--use-vllm needs a CUDA GPU and vllm (pip install trl[vllm])")
+        raise cli.ConfigError("--use-vllm needs a CUDA GPU and vllm (pip install trl[vllm])")
     return cfg, eng, problems
 
 
@@ -382,11 +383,11 @@ def run(cfg: train.TrainConfig, eng: EngineConfig, problems: list[Problem]) -> S
     try:
         model, tokenizer = rollout.load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
     except Exception as exc:  # noqa: BLE001 - a bad model directory fails in many ways; one line names it
-        raise train.ConfigError(f"--model {cfg.model}: cannot load it ({checkpoint.first_line(exc)})") from exc
+        raise cli.ConfigError(f"--model {cfg.model}: cannot load it ({checkpoint.first_line(exc)})") from exc
     kept = [p for p in problems if len(rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(p.problem)))
             <= cfg.max_prompt_tokens]
     if not kept:
-        raise train.ConfigError(f"every problem's prompt is longer than --max-prompt-tokens {cfg.max_prompt_tokens}")
+        raise cli.ConfigError(f"every problem's prompt is longer than --max-prompt-tokens {cfg.max_prompt_tokens}")
     checkpoint.prepare_run_dir(cfg.out, config={**dataclasses.asdict(cfg), **dataclasses.asdict(eng),
                                                 "gradient_scale_M": train.gradient_scale_M(cfg)},
                                overwrite=cfg.overwrite, resume_step=None)
@@ -401,11 +402,17 @@ def run(cfg: train.TrainConfig, eng: EngineConfig, problems: list[Problem]) -> S
 
 def main(argv: list[str] | None = None) -> int:
     """Parse and validate (one-line errors, exit 2, nothing written), then train."""
+    cfg = None
     try:
-        run(*resolve(argv))
-    except (train.ConfigError, checkpoint.CheckpointError) as exc:
+        cfg, eng, problems = resolve(argv)
+        checkpoint.lock_run_dir(cfg.out)  # one writer per run directory, as train.py
+        run(cfg, eng, problems)
+    except (cli.ConfigError, checkpoint.CheckpointError) as exc:
         print(f"trl_spiral.py: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if cfg is not None:
+            checkpoint.unlock_run_dir(cfg.out)
     return 0
 
 
