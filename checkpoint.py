@@ -341,7 +341,9 @@ def lock_run_dir(out_dir: str) -> None:
 
 def lock_file(path: str) -> None:
     """evaluate.py's one writer per result: an exclusive flock on `path` (RESULT.json.lock), deleted by unlock_file.
-    Retried if the file was deleted between open and lock (a finishing run), so two processes never both hold it."""
+    Retried if the file was deleted between open and lock (a finishing run), so two processes never both hold it.
+    The result's folder is created first: `--out runs/eval/r.json` on a fresh clone has no runs/eval yet."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

@@ -207,6 +207,15 @@ def test_a_second_evaluate_on_the_same_out_is_refused(tiny_policy, tmp_path, mon
     assert out.exists() and not os.path.exists(f"{out}.lock")
 
 
+def test_evaluate_writes_into_a_folder_that_does_not_exist_yet(tiny_policy, tmp_path, monkeypatch):
+    # The README's comparison writes runs/eval/tiny-comparison.json on a fresh clone, where runs/eval is not there.
+    monkeypatch.setattr(rollout, "load_policy", _fake_load(tiny_policy))
+    out = tmp_path / "runs" / "eval" / "r.json"
+    data = _data(tmp_path / "p.jsonl", "What is 1 + 1?")
+    assert evaluate.main([*TINY, "--data", data, "--policy", "base=tiny", "--out", str(out)]) == 0
+    assert out.exists() and not os.path.exists(f"{out}.lock")
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The grader: a verdict must not depend on how busy the machine is
 
