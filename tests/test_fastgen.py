@@ -13,14 +13,7 @@ import lora
 import rollout
 import tiny  # noqa: F401  registers "tiny" with rollout.load_policy
 from test_rollout import PROMPTS, hostile_generation_config, stop_biased_model, teacher_forced
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+from test_rollout import one_torch_thread  # noqa: F401 (autouse: one intra-op thread for the whole module)
 
 
 @pytest.fixture(scope="module")
