@@ -86,6 +86,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config  # 
 
 import checkpoint  # noqa: E402
 import cli  # noqa: E402
+import fastgen  # noqa: E402
 import problemset  # noqa: E402
 import rollout  # noqa: E402
 import spiral  # noqa: E402
@@ -504,6 +505,7 @@ def _one_step(model, tokenizer, scale: Scale, device: str, algo: str, adapter: b
             budget = scale.grpo_group * scale.grpo_new_tokens
     defaults = train.TrainConfig()
     optimizer = torch.optim.AdamW(lora.lora_parameters(model), lr=1e-9)
+    fastgen.release()  # as train.py: the learner gets the fast engine's KV arena back
     with Meter(device) as training:
         stats = train.train_step(model, optimizer, rollouts.samples, loss_normalizer=scale.step_problems * budget,
                                  micro_batch_tokens=defaults.micro_batch_tokens,

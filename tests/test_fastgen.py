@@ -125,29 +125,46 @@ def test_eos_cut_and_truncation_match_the_reference(tokenizer):
     assert any(32 < len(c.completion_ids) < max_new_tokens for c in fast)  # stopped after a stop check
 
 
-def test_linear_casts_the_adapter_once_and_equals_loralinear(adapted):
-    """fastgen.Linear is LoRALinear's forward, base W x + (alpha / r) B A x, with A and B cast ahead of time."""
+def test_linear_equals_loralinear_with_the_adapter_in_persistent_buffers(adapted):
+    """fastgen's Linear is LoRALinear's forward, W x + (alpha / r) B A x (fp32: to 1e-6; bf16: at least as close to
+    the float64 truth as LoRALinear's own three roundings), its A and B copied into buffers that keep their address
+    when the adapter changes (a captured CUDA graph reads them), and the base alone when no adapter is active."""
     module = adapted.model.layers[1].self_attn.k_proj
+    engine = fastgen.Engine(adapted)
     x = torch.randn(5, 128)
-    torch.testing.assert_close(fastgen.Linear.of(module, torch.float32)(x), module(x), atol=1e-6, rtol=0)
-    bf16 = copy.deepcopy(module).to(torch.bfloat16)
-    for name in bf16.lora_A:  # the adapter keeps its fp32 masters, as in a bf16 training run
-        bf16.lora_A[name].float()
-        bf16.lora_B[name].float()
-    linear = fastgen.Linear.of(bf16, torch.bfloat16)
+    torch.testing.assert_close(engine.linear(module)(x), module(x), atol=1e-6, rtol=0)
+    bf16 = copy.deepcopy(adapted).to(torch.bfloat16)
+    for _, m in lora.lora_modules(bf16):  # the adapter keeps its fp32 masters, as in a bf16 training run
+        m.lora_A.float()
+        m.lora_B.float()
+    module16 = bf16.model.layers[1].self_attn.k_proj
+    linear = fastgen.Engine(bf16).linear(module16)
     assert linear.A.dtype == linear.B.dtype == torch.bfloat16
-    torch.testing.assert_close(linear(x.bfloat16()), bf16(x.bfloat16()), atol=0, rtol=0)
+    xb = x.bfloat16()
+    A, B = module16.lora_A["default"].weight.double(), module16.lora_B["default"].weight.double()
+    truth = xb.double() @ module16.base_layer.weight.double().T + (xb.double() @ A.T @ B.T) * module16.scaling["default"]
+    assert (linear(xb).double() - truth).abs().max() <= (module16(xb).double() - truth).abs().max() + 1e-3
+    a_buffer = engine.linear(module).A
+    with torch.no_grad():
+        module.lora_A["default"].weight.add_(1.0)  # an optimizer step
+    again = engine.linear(module)
+    assert again.A is a_buffer and again.A.equal(module.lora_A["default"].weight)  # same buffer, new values
+    with torch.no_grad():
+        module.lora_A["default"].weight.sub_(1.0)
     with lora.use_adapter(adapted, None):
-        assert fastgen.Linear.of(module, torch.float32).A is None  # no adapter active: the base alone
+        assert engine.linear(module).A is None  # no adapter active: the base alone
 
 
 def test_decode_step_is_one_graph_with_the_adapter_active(adapted):
-    """torch.compile(fullgraph=True) needs one graph and no break: dynamo's trace of a decode step (the same tracer
-    torch.compile runs, without the minutes inductor takes on a CPU)."""
-    w = fastgen.weights_of(adapted)
-    cache = fastgen.KVCache(w, 4, 64, torch.float32, "cpu")
-    explanation = torch._dynamo.explain(fastgen.decode_one_token)(
-        w, cache, torch.tensor([5, 6, 7, 8]), torch.tensor(10), torch.tensor([0, 0, 2, 2]), 0.7)
+    """decode_one_token traces into one graph with no break (so it could be torch.compile'd with fullgraph=True),
+    and reads and writes only its fixed buffers (what a CUDA graph capture needs): dynamo's trace, which is what
+    torch.compile runs, without the minutes inductor takes on a CPU."""
+    engine = fastgen.Engine(adapted)
+    w = engine.weights(adapted)
+    shape = fastgen.CallShape.of([7, 10], copies=2, max_new_tokens=20)
+    cache, state, _ = engine.call(w, shape, eos_count=2, adapters=("default",))
+    state.start(shape, [7, 10], 0.7, [1, 2], w.kv_heads)
+    explanation = torch._dynamo.explain(fastgen.decode_one_token)(w, cache, state, shape, 256)
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
 
 
