@@ -363,6 +363,8 @@ class Engine:
         need = KVCache.elements(len(w.layers), shape, w.kv_heads, w.head_dim)
         if need > self.arena.numel():
             self.calls.clear()  # every view and graph points into the old arena
+            if self.graph_pool is not None:  # no graph holds the old pool now: CUDA frees it, so start a new one
+                self.graph_pool = torch.cuda.graph_pool_handle()
             self.arena = None  # free it before allocating the larger one
             self.arena = torch.zeros(_round_up(need, 1 << 20), dtype=self.dtype, device=self.device)
         key = (shape, eos_count, adapters)

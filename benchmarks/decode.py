@@ -248,6 +248,54 @@ def gpu_rows(model, tokenizer, floors: dict, new_tokens_list: list[int], shapes:
     return results
 
 
+def profile_step(model, tokenizer, out_dir: str | None) -> dict:
+    """Where a search-shaped decode step's time goes: CUDA-graph replay time per step at two suffix lengths, and
+    the kernels of three eager steps (torch.profiler), grouped by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import bench
+
+    rng = np.random.default_rng(6)
+    V = model.config.vocab_size
+    ids = [rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(bench.random_words(990, V, rng)))
+           for _ in range(8)]
+    engine = fastgen.engine_for(model)
+    w = engine.weights(model)
+    shape = fastgen.CallShape.of([len(i) for i in ids], 8, 4096)
+    call = engine.call(w, shape, 2, ("default",))
+    s = call[1]
+    s.start(shape, [len(i) for i in ids], 1.0, [1, 2], w.kv_heads)
+    result = {}
+    with torch.no_grad():
+        fastgen.prefill(w, call[0], ids, shape, 0)
+        for t in (255, 4000):
+            suffix_len = fastgen._round_up(t + 1, fastgen.SUFFIX_BUCKET)
+            s.t.fill_(t)
+            engine.step(w, call, shape, suffix_len)  # capture
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(20):
+                s.t.fill_(t)
+                engine.step(w, call, shape, suffix_len)
+            torch.cuda.synchronize()
+            result[f"graph_ms_per_step_suffix_{suffix_len}"] = 1000 * (time.perf_counter() - t0) / 20
+            s.t.fill_(t)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    s.t.fill_(t)
+                    fastgen.decode_one_token(w, call[0], s, shape, suffix_len)
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+            print(f"--- eager step, suffix {suffix_len} (3 steps) ---\n{table}", flush=True)
+            events = [e for e in prof.key_averages()]
+            result[f"kernels_per_step_suffix_{suffix_len}"] = sum(e.count for e in events if e.device_type.name == "CUDA") / 3
+            if out_dir:
+                with open(os.path.join(out_dir, f"profile_{suffix_len}.txt"), "w") as f:
+                    f.write(table)
+    print("profile:", json.dumps(result), flush=True)
+    return result
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bytes", action="store_true", help="the KV byte table at the 4B shape (meta device)")
@@ -257,6 +305,7 @@ def main(argv=None) -> int:
     p.add_argument("--skip-checks", action="store_true", help="GPU: no CUDA checks")
     p.add_argument("--hf-baseline", type=int, default=0, metavar="N",
                    help="GPU: also bench.py's row 2 (search shape) with the HF engine at N new tokens")
+    p.add_argument("--profile", action="store_true", help="GPU: graph replay time and kernels of one decode step")
     p.add_argument("--mfu", action="store_true", help="GPU: also bench.py's row 1, without and with cuDNN attention "
                    "in the learner")
     p.add_argument("--json", help="write the results to this new file")
@@ -306,6 +355,10 @@ def main(argv=None) -> int:
         floors = bench.measure_floors("cuda", torch.bfloat16, "4b")
         results["floors"] = floors
         print("floors:", json.dumps(floors), flush=True)
+        if args.profile:
+            results["profile"] = profile_step(model, tokenizer, os.path.dirname(args.json) if args.json else None)
+            fastgen.release()
+            save()
         shapes = {k: v for k, v in (("search", SEARCH_SHAPE), ("aggregation", AGGREGATION_SHAPE))
                   if k in args.shapes.split(",")}
         results["rows"] = gpu_rows(model, tokenizer, floors, [int(n) for n in args.new_tokens.split(",")], shapes)
