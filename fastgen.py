@@ -112,6 +112,8 @@ def supports(model) -> str:
         return f"fast generation supports Qwen3 causal LMs; this is {type(model).__name__}"
     if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"]):
         return "fast generation does not support sliding-window layers"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"fast generation supports SiLU MLPs; this one uses {config.hidden_act}"
     return ""
 
 
@@ -205,14 +207,51 @@ class CallState:
 # The model's computation (Qwen3, as transformers computes it)
 
 
+def _fused(fn):
+    """fn, and on CUDA torch.compile(fn): one generated kernel for a chain of elementwise ops (a decode step is
+    thousands of tiny kernels; fusing them is most of what torch.compile would gain). Shapes are dynamic, so one
+    compilation serves every call shape; if compiling fails, fn runs as it is."""
+    compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+    state = {"ok": True}
+
+    def run(*args):
+        if FUSE and state["ok"] and args[0].is_cuda:
+            try:
+                return compiled(*args)
+            except Exception as e:  # noqa: BLE001 (a compiler failure must not stop sampling)
+                state["ok"] = False
+                print(f"fastgen: torch.compile failed ({type(e).__name__}); running {fn.__name__} eagerly")
+        return fn(*args)
+
+    run.eager, run.compiled = fn, compiled
+    return run
+
+
+FUSE = True  # compile the elementwise chains below on CUDA (`_fused`)
+
+
+@_fused
+def _rms_norm_fn(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
+
+
 def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Qwen3RMSNorm: w * (x / sqrt(mean(x^2) + eps)) in fp32, rounded to x's dtype before the weight."""
-    return norm.weight * F.rms_norm(x.float(), x.shape[-1:], eps=norm.variance_epsilon).to(x.dtype)
+    return _rms_norm_fn(x, norm.weight, norm.variance_epsilon)
 
 
+@_fused
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+@_fused
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+_merge = _fused(merge)
 
 
 def _qkv(layer: Layer, w: Weights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -227,7 +266,7 @@ def _qkv(layer: Layer, w: Weights, x: torch.Tensor, cos: torch.Tensor, sin: torc
 
 
 def _mlp(layer: Layer, x: torch.Tensor) -> torch.Tensor:
-    return layer.down(layer.act(layer.gate(x)) * layer.up(x))
+    return layer.down(_silu_mul(layer.gate(x), layer.up(x)))  # Qwen3's act is SiLU (`supports` checks)
 
 
 def sample(logits_BV: torch.Tensor, temperature):
@@ -283,7 +322,7 @@ def cascade_attention(q: torch.Tensor, cache: KVCache, i: int, s: CallState, sha
     lse = lse.view(P, n, K, copies, G).permute(0, 3, 1, 2, 4).reshape(B, n, K, G)
     out_s, lse_s = attend(q.view(B, K, G, D), cache.suffix_k[i][:, :, :suffix_len],
                           cache.suffix_v[i][:, :, :suffix_len], suffix_bias, scale)  # (B, K, G, D), (B, K, G)
-    out, _ = merge(torch.cat([out, out_s[:, None]], 1), torch.cat([lse, lse_s[:, None]], 1), dim=1)  # (B, K, G, D)
+    out, _ = _merge(torch.cat([out, out_s[:, None]], 1), torch.cat([lse, lse_s[:, None]], 1), 1)  # (B, K, G, D)
     return out.reshape(B, 1, K * G * D)
 
 

@@ -355,10 +355,13 @@ def main(argv=None) -> int:
         floors = bench.measure_floors("cuda", torch.bfloat16, "4b")
         results["floors"] = floors
         print("floors:", json.dumps(floors), flush=True)
-        if args.profile:
-            results["profile"] = profile_step(model, tokenizer, os.path.dirname(args.json) if args.json else None)
-            fastgen.release()
-            save()
+        if args.profile:  # fastgen.FUSE off, then on: the graph replay time per step of each
+            for fuse in (False, True):
+                fastgen.FUSE = fuse
+                results[f"profile_fuse_{fuse}"] = profile_step(
+                    model, tokenizer, os.path.dirname(args.json) if args.json and fuse else None)
+                fastgen.release()
+                save()
         shapes = {k: v for k, v in (("search", SEARCH_SHAPE), ("aggregation", AGGREGATION_SHAPE))
                   if k in args.shapes.split(",")}
         results["rows"] = gpu_rows(model, tokenizer, floors, [int(n) for n in args.new_tokens.split(",")], shapes)
