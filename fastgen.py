@@ -237,7 +237,8 @@ def _rms_norm_fn(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 
 def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Qwen3RMSNorm: w * (x / sqrt(mean(x^2) + eps)) in fp32, rounded to x's dtype before the weight."""
-    return _rms_norm_fn(x, norm.weight, norm.variance_epsilon)
+    # 2-D whatever x's rank (hidden states, or per-head q and k): one compiled variant per dtype, not per rank
+    return _rms_norm_fn(x.reshape(-1, x.shape[-1]), norm.weight, norm.variance_epsilon).view(x.shape)
 
 
 @_fused
