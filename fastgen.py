@@ -202,43 +202,49 @@ class CallState:
         self.temperature.fill_(temperature)
         self.eos.copy_(torch.tensor(eos_ids))
 
+    def suffix_bias(self, suffix_len: int, dtype) -> torch.Tensor:
+        """(suffix_len,): 0 on the suffix slots filled so far (0..t, the fed token's included), MASKED after."""
+        return torch.where(self.slot_T[:suffix_len] <= self.t, 0.0, MASKED).to(dtype)
+
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The model's computation (Qwen3, as transformers computes it)
+
+
+FUSE = True  # compile the elementwise chains below (`_fused`) on these devices, with this torch.compile backend
+FUSE_DEVICES, FUSE_BACKEND = ("cuda",), "inductor"  # (tests count dynamo's compilations on a CPU with another backend)
 
 
 def _fused(fn):
     """fn, and on CUDA torch.compile(fn): one generated kernel for a chain of elementwise ops (a decode step is
     thousands of tiny kernels; fusing them is most of what torch.compile would gain). Shapes are dynamic, so one
     compilation serves every call shape; if compiling fails, fn runs as it is."""
-    compiled = torch.compile(fn, dynamic=True, fullgraph=True)
-    state = {"ok": True}
+    state = {"compiled": None, "ok": True}
 
     def run(*args):
-        if FUSE and state["ok"] and args[0].is_cuda:
+        if FUSE and state["ok"] and args[0].device.type in FUSE_DEVICES:
+            if state["compiled"] is None:
+                state["compiled"] = torch.compile(fn, dynamic=True, fullgraph=True, backend=FUSE_BACKEND)
             try:
-                return compiled(*args)
+                return state["compiled"](*args)
             except Exception as e:  # noqa: BLE001 (a compiler failure must not stop sampling)
                 state["ok"] = False
                 print(f"fastgen: torch.compile failed ({type(e).__name__}); running {fn.__name__} eagerly")
         return fn(*args)
 
-    run.eager, run.compiled = fn, compiled
+    run.eager, run.state = fn, state
     return run
-
-
-FUSE = True  # compile the elementwise chains below on CUDA (`_fused`)
 
 
 @_fused
 def _rms_norm_fn(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _rms_norm(norm: torch.nn.Module, x: torch.Tensor, fuse: bool = False) -> torch.Tensor:
     """Qwen3RMSNorm: w * (x / sqrt(mean(x^2) + eps)) in fp32, rounded to x's dtype before the weight."""
-    # 2-D whatever x's rank (hidden states, or per-head q and k): one compiled variant per dtype, not per rank
-    return _rms_norm_fn(x.reshape(-1, x.shape[-1]), norm.weight, norm.variance_epsilon).view(x.shape)
+    return (_rms_norm_fn if fuse else _rms_norm_fn.eager)(x, norm.weight, norm.variance_epsilon)
 
 
 @_fused
@@ -255,19 +261,22 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 _merge = _fused(merge)
 
 
-def _qkv(layer: Layer, w: Weights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Queries (N, H, T, D), keys and values (N, K, T, D) of hidden states x (N, T, d), rotated (as HF Qwen3)."""
+def _qkv(layer: Layer, w: Weights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fuse: bool = False):
+    """Queries (N, H, T, D), keys and values (N, K, T, D) of hidden states x (N, T, d), rotated (as HF Qwen3).
+    fuse: the decode step's compiled elementwise chains (the prefill's shapes vary too much to compile)."""
     N, T, _ = x.shape
-    h = _rms_norm(layer.input_norm, x)
-    q = _rms_norm(layer.q_norm, layer.q(h).view(N, T, -1, w.head_dim)).transpose(1, 2)  # (N, H, T, D)
-    k = _rms_norm(layer.k_norm, layer.k(h).view(N, T, -1, w.head_dim)).transpose(1, 2)  # (N, K, T, D)
+    h = _rms_norm(layer.input_norm, x, fuse)
+    q = _rms_norm(layer.q_norm, layer.q(h).view(N, T, -1, w.head_dim), fuse).transpose(1, 2)  # (N, H, T, D)
+    k = _rms_norm(layer.k_norm, layer.k(h).view(N, T, -1, w.head_dim), fuse).transpose(1, 2)  # (N, K, T, D)
     v = layer.v(h).view(N, T, -1, w.head_dim).transpose(1, 2)  # (N, K, T, D)
     cos, sin = cos[:, None], sin[:, None]  # (N, 1, T, D)
-    return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+    rotate = _rotate if fuse else _rotate.eager
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
 
 
-def _mlp(layer: Layer, x: torch.Tensor) -> torch.Tensor:
-    return layer.down(_silu_mul(layer.gate(x), layer.up(x)))  # Qwen3's act is SiLU (`supports` checks)
+def _mlp(layer: Layer, x: torch.Tensor, fuse: bool = False) -> torch.Tensor:
+    silu_mul = _silu_mul if fuse else _silu_mul.eager  # Qwen3's act is SiLU (`supports` checks)
+    return layer.down(silu_mul(layer.gate(x), layer.up(x)))
 
 
 def sample(logits_BV: torch.Tensor, temperature):
@@ -334,14 +343,14 @@ def decode_one_token(w: Weights, cache: KVCache, s: CallState, shape: CallShape,
     token_B = s.tokens_BT.index_select(1, t)  # (B, 1)
     x = F.embedding(token_B, w.embed)  # (B, 1, d)
     cos, sin = w.rotary(x, (s.len_B + s.t)[:, None])  # (B, 1, D): the token's position within its row
-    suffix_bias = torch.where(s.slot_T[:suffix_len] <= s.t, 0.0, MASKED).to(x.dtype)  # (S,): the filled slots
+    suffix_bias = s.suffix_bias(suffix_len, x.dtype)  # (S,)
     for i, layer in enumerate(w.layers):
-        q, k, v = _qkv(layer, w, x, cos, sin)
+        q, k, v = _qkv(layer, w, x, cos, sin, fuse=True)
         cache.suffix_k[i].index_copy_(2, t, k)  # in place: the cache is never copied
         cache.suffix_v[i].index_copy_(2, t, v)
         x = x + layer.o(cascade_attention(q, cache, i, s, shape, suffix_len, suffix_bias, w.scaling))
-        x = x + _mlp(layer, _rms_norm(layer.post_norm, x))
-    token, logprob, entropy = sample(w.lm_head(_rms_norm(w.norm, x[:, 0])), s.temperature)  # (B,) x 3
+        x = x + _mlp(layer, _rms_norm(layer.post_norm, x, fuse=True), fuse=True)
+    token, logprob, entropy = sample(w.lm_head(_rms_norm(w.norm, x[:, 0], fuse=True)), s.temperature)  # (B,) x 3
     for buffer, value in ((s.tokens_BT, token), (s.logprobs_BT, logprob), (s.entropies_BT, entropy)):
         buffer.index_copy_(1, t + 1, value[:, None])
     s.done_B.logical_or_(torch.isin(token, s.eos))
@@ -420,7 +429,9 @@ class Engine:
         """One decode step: eager on a CPU; on CUDA the replay of this suffix bucket's graph, captured on first use
         (the warm-up before the capture is the real step, run on a side stream as CUDA graphs require)."""
         cache, state, graphs = call
-        if self.graph_pool is None:
+        if self.graph_pool is None:  # eager; count the graphs a CUDA device would capture
+            self.captures += suffix_len not in graphs
+            graphs[suffix_len] = None
             return decode_one_token(w, cache, state, shape, suffix_len)
         if suffix_len in graphs:
             return graphs[suffix_len].replay()
