@@ -31,6 +31,14 @@ DEFAULT_MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 ENGINES = ("hf", "fast")  # generate's samplers: Hugging Face generate (the reference), fastgen.py
 
 
+def resolve_engine(engine: str, model) -> str:
+    """The sampler for `engine`: "auto" is "fast" on CUDA when fastgen runs the model (measured faster there and
+    checked against teacher forcing on an H100: benchmarks/README.md), else "hf", the reference."""
+    if engine != "auto":
+        return engine
+    return "fast" if model.device.type == "cuda" and not fastgen.supports(model) else "hf"
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # 1. Prompts (paper appendix, word for word)
 

@@ -386,3 +386,16 @@ def test_train_with_the_fast_engine_follows_the_reference_trajectory(tmp_path):
         for key in ("search_accuracy", "aggregation_accuracy", "search_length", "tokens_generated"):
             assert hf[key] == fast[key], key
         assert abs(hf["train/loss"] - fast["train/loss"]) < 1e-4
+
+
+def test_auto_engine_is_fast_on_cuda_for_qwen3_only(adapted):
+    """--generation auto (train.py's default): fastgen on a CUDA device for a Qwen3 model, the reference otherwise
+    (on a CPU, and for other architectures on CUDA)."""
+    from types import SimpleNamespace
+
+    cuda_qwen3 = SimpleNamespace(device=torch.device("cuda"), config=adapted.config, lm_head=adapted.lm_head)
+    llama_config = SimpleNamespace(model_type="llama")
+    assert rollout.resolve_engine("auto", cuda_qwen3) == "fast"
+    assert rollout.resolve_engine("auto", adapted) == "hf"
+    assert rollout.resolve_engine("auto", SimpleNamespace(device=torch.device("cuda"), config=llama_config)) == "hf"
+    assert rollout.resolve_engine("hf", cuda_qwen3) == "hf"
