@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+import weakref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -31,14 +32,18 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import attention  # noqa: E402
+import bench  # noqa: E402  (benchmarks/, on the path when this file runs)
 import fastgen  # noqa: E402
 import rollout  # noqa: E402
 
 GB = 1e9
 SEARCH_SHAPE = dict(prompts=8, copies=8, prompt_tokens=1054)  # 8 problems x N1 = 8, ~1k-token search prompts
 AGGREGATION_SHAPE = dict(prompts=4, copies=4, prompt_tokens=17_596)  # 4 sets x N2 = 4, the paper's 17.6k tokens
+TOY_SHAPES = {"search": dict(prompts=2, copies=4, prompt_tokens=60),  # --size toy: the same code paths on a CPU
+              "aggregation": dict(prompts=2, copies=2, prompt_tokens=300)}
 
 
 def kv_bytes_per_token(config, element_size: int) -> int:
@@ -115,7 +120,7 @@ def print_byte_table(table: dict, max_new_tokens: int) -> None:
     print(f"KV bytes per decode step, mean over {max_new_tokens} new tokens (GB): unique | per row | fastgen | "
           f"fastgen at 7eca28c")
     for name, r in table.items():
-        print(f"  {name:12s} {r['unique_GB']:7.2f} | {r['per_row_GB']:7.2f} | {r['fastgen_GB']:7.2f} "
+        print(f"[bytes {name}] {r['unique_GB']:7.2f} | {r['per_row_GB']:7.2f} | {r['fastgen_GB']:7.2f} "
               f"({r['fastgen_over_unique']:.3f}x unique) | {r['old_fastgen_GB']:7.2f} ({r['old_over_unique']:.2f}x); "
               f"counted = model: {r['counted_equals_model']}")
 
@@ -181,8 +186,10 @@ def timed_fast_call(model, tokenizer, prompts: list[str], copies: int, new_token
     engine_before = fastgen._ENGINE[0] if fastgen._ENGINE else None
     captures0 = engine_before.captures if engine_before else 0
     capture_s0 = engine_before.capture_seconds if engine_before else 0.0
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    cuda = model.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     out = rollout.generate(model, tokenizer, prompts, samples_per_prompt=copies, max_new_tokens=new_tokens,
                            micro_batch_size=len(prompts) * copies, engine="fast")
@@ -191,15 +198,13 @@ def timed_fast_call(model, tokenizer, prompts: list[str], copies: int, new_token
     steps = max(len(c.completion_ids) for row in out for c in row)
     return {"seconds": seconds, "steps": steps, "captures": engine.captures - captures0,
             "capture_seconds": engine.capture_seconds - capture_s0,
-            "peak_memory_GB": torch.cuda.max_memory_allocated() / GB,
+            "peak_memory_GB": torch.cuda.max_memory_allocated() / GB if cuda else None,
             "prompt_tokens": [len(row[0].prompt_ids) for row in out]}
 
 
 def gpu_rows(model, tokenizer, floors: dict, new_tokens_list: list[int], shapes: dict) -> dict:
     """Each call shape at each length: a first call (graphs captured) and a second, warm one; tokens/s and the
     fraction of the unique and per-row floors reached by the warm call (capture time excluded)."""
-    import bench
-
     rng = np.random.default_rng(5)
     cfg, V = model.config, model.config.vocab_size
     kv = kv_bytes_per_token(cfg, 2)
@@ -232,6 +237,7 @@ def gpu_rows(model, tokenizer, floors: dict, new_tokens_list: list[int], shapes:
             floor = lambda b: b / (floors["copy_bandwidth_GBps"] * GB) + prefill_flops / (floors["matmul_TFLOPs"] * 1e12)  # noqa: E731
             results[key] = {
                 "prompts": c["prompts"], "copies": c["copies"], "prompt_tokens": max(lengths), "new_tokens": n,
+                "decode_steps": decode_steps,
                 "first_call_s": first["seconds"], "captures": first["captures"],
                 "capture_s": first["capture_seconds"], "warm_call_s": warm["seconds"],
                 "tokens_per_s": B * warm["steps"] / warm["seconds"],
@@ -244,51 +250,51 @@ def gpu_rows(model, tokenizer, floors: dict, new_tokens_list: list[int], shapes:
             print(f"[{key}] B={B} L={max(lengths)} new={n}: warm {r['warm_call_s']:.1f} s ({r['tokens_per_s']:.0f} tok/s,"
                   f" {r['ms_per_decode_step']:.2f} ms/step), {100 * r['fraction_of_unique_floor']:.1f}% of unique floor, "
                   f"{100 * r['fraction_of_per_row_floor']:.1f}% of per-row floor; first call {r['first_call_s']:.1f} s "
-                  f"({r['captures']} graphs, {r['capture_s']:.1f} s); peak {r['peak_memory_GB']:.1f} GB", flush=True)
+                  f"({r['captures']} graphs, {r['capture_s']:.1f} s); peak {r['peak_memory_GB'] or 0:.1f} GB", flush=True)
     return results
 
 
-def profile_step(model, tokenizer, out_dir: str | None) -> dict:
-    """Where a search-shaped decode step's time goes: CUDA-graph replay time per step at two suffix lengths, and
-    the kernels of three eager steps (torch.profiler), grouped by name."""
+def profile_step(model, tokenizer, out_dir: str | None, c: dict, max_new_tokens: int) -> dict:
+    """Where a decode step's time goes, at call shape c: the step's time per replay (CUDA graph; eager on a CPU)
+    early and late in a call, and the kernels of three eager steps (torch.profiler), grouped by name."""
     from torch.profiler import ProfilerActivity, profile
 
-    import bench
-
     rng = np.random.default_rng(6)
-    V = model.config.vocab_size
-    ids = [rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(bench.random_words(990, V, rng)))
-           for _ in range(8)]
+    V, cuda = model.config.vocab_size, model.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    ids = [rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(bench.random_words(c["prompt_tokens"] - 40, V,
+                                                                                       rng)))
+           for _ in range(c["prompts"])]
     engine = fastgen.engine_for(model)
     w = engine.weights(model)
-    shape = fastgen.CallShape.of([len(i) for i in ids], 8, 4096)
+    shape = fastgen.CallShape.of([len(i) for i in ids], c["copies"], max_new_tokens)
     call = engine.call(w, shape, 2, ("default",))
     s = call[1]
     s.start(shape, [len(i) for i in ids], 1.0, [1, 2], w.kv_heads)
     result = {}
+    activity, sort = (ProfilerActivity.CUDA, "cuda_time_total") if cuda else (ProfilerActivity.CPU, "cpu_time_total")
     with torch.no_grad():
         fastgen.prefill(w, call[0], ids, shape, 0)
-        for t in (255, 4000):
+        for t in (min(255, max_new_tokens - 2), max_new_tokens - 2):
             suffix_len = fastgen._round_up(t + 1, fastgen.SUFFIX_BUCKET)
             s.t.fill_(t)
             engine.step(w, call, shape, suffix_len)  # capture
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             for _ in range(20):
                 s.t.fill_(t)
                 engine.step(w, call, shape, suffix_len)
-            torch.cuda.synchronize()
-            result[f"graph_ms_per_step_suffix_{suffix_len}"] = 1000 * (time.perf_counter() - t0) / 20
-            s.t.fill_(t)
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            sync()
+            result[f"ms_per_step_suffix_{suffix_len}"] = 1000 * (time.perf_counter() - t0) / 20
+            with profile(activities=[activity]) as prof:
                 for _ in range(3):
                     s.t.fill_(t)
                     fastgen.decode_one_token(w, call[0], s, shape, suffix_len)
-                torch.cuda.synchronize()
-            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+                sync()
+            table = prof.key_averages().table(sort_by=sort, row_limit=30)
             print(f"--- eager step, suffix {suffix_len} (3 steps) ---\n{table}", flush=True)
-            events = [e for e in prof.key_averages()]
-            result[f"kernels_per_step_suffix_{suffix_len}"] = sum(e.count for e in events if e.device_type.name == "CUDA") / 3
+            events = [e for e in prof.key_averages() if e.device_type.name == activity.name]
+            result[f"ops_per_step_suffix_{suffix_len}"] = sum(e.count for e in events) / 3
             if out_dir:
                 with open(os.path.join(out_dir, f"profile_{suffix_len}.txt"), "w") as f:
                     f.write(table)
@@ -296,31 +302,100 @@ def profile_step(model, tokenizer, out_dir: str | None) -> dict:
     return result
 
 
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the tensors that ops run under this mode create (views and in-place results excluded) while they
+    are alive, and the peak: what an allocator would hold for them, also on the meta device."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+
+    def _free(self, n: int) -> None:
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        for t, ret in zip(outs, func._schema.returns):
+            if isinstance(t, torch.Tensor) and ret.alias_info is None:
+                n = t.untyped_storage().nbytes()
+                self.live += n
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._free, n)
+        return out
+
+
+def flash_like_sdpa(q, k, v, **kwargs):
+    """Stand-in for causal flash attention on the meta device (whose SDPA would decompose into the math path and
+    build (L, L) scores): allocates what flash allocates, the output and its (heads, L) fp32 log-sum-exp."""
+    q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return torch.empty_like(q)
+
+
+def prefill_peak(model, prompt_tokens: int, prompts: int) -> dict:
+    """Peak bytes that fastgen.prefill allocates beyond the weights and the KV arena, for `prompts` prompts of
+    `prompt_tokens` tokens (counted by LiveBytes; flash attention's allocation for the attention itself)."""
+    engine = fastgen.Engine(model)
+    w = engine.weights(model)
+    ids = [[5] * prompt_tokens for _ in range(prompts)]
+    shape = fastgen.CallShape.of([prompt_tokens] * prompts, 4, 16)
+    cache, _, _ = engine.call(w, shape, 2, ("default",))
+    real, counter = fastgen.F.scaled_dot_product_attention, LiveBytes()
+    fastgen.F.scaled_dot_product_attention = flash_like_sdpa
+    try:
+        with torch.no_grad(), counter:
+            fastgen.prefill(w, cache, ids, shape, 0)
+    finally:
+        fastgen.F.scaled_dot_product_attention = real
+    return {"prompts": prompts, "prompt_tokens": prompt_tokens, "peak_GB": counter.peak / GB,
+            "arena_GB": engine.arena.numel() * engine.arena.element_size() / GB,
+            "group_size": max(1, fastgen.PREFILL_TOKENS // (shape.n_chunks * shape.chunk))}
+
+
+def recorded(results: dict, key: str, measure, save) -> None:
+    """results[key] = measure(), or the error it raised (an out-of-memory is a result too); saved either way."""
+    try:
+        results[key] = measure()
+    except Exception as e:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+        results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        fastgen.release()
+    save()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--bytes", action="store_true", help="the KV byte table at the 4B shape (meta device)")
-    p.add_argument("--gpu", action="store_true", help="CUDA checks and the GPU rows (needs CUDA)")
-    p.add_argument("--new-tokens", default="512,4096", help="GPU rows: new tokens per call, comma-separated")
-    p.add_argument("--shapes", default="search,aggregation", help="GPU rows: search, aggregation or both")
-    p.add_argument("--skip-checks", action="store_true", help="GPU: no CUDA checks")
+    p.add_argument("--bytes", action="store_true", help="KV bytes per step and prefill memory, counted at the 4B "
+                   "shape on the meta device")
+    p.add_argument("--gpu", action="store_true", help="CUDA checks and the rows (needs CUDA unless --device cpu)")
+    p.add_argument("--size", choices=["4b", "toy"], default="4b", help="--gpu: Qwen3-4B's architecture, or toy")
+    p.add_argument("--device", default="cuda", help="--gpu: the device (cpu only with --size toy: tests)")
+    p.add_argument("--new-tokens", default="512,4096", help="--gpu: new tokens per call, comma-separated")
+    p.add_argument("--shapes", default="search,aggregation", help="--gpu: search, aggregation or both")
+    p.add_argument("--skip-checks", action="store_true", help="--gpu: no CUDA checks")
     p.add_argument("--hf-baseline", type=int, default=0, metavar="N",
-                   help="GPU: also bench.py's row 2 (search shape) with the HF engine at N new tokens")
-    p.add_argument("--profile", action="store_true", help="GPU: graph replay time and kernels of one decode step")
-    p.add_argument("--mfu", action="store_true", help="GPU: also bench.py's row 1, without and with cuDNN attention "
-                   "in the learner")
+                   help="--gpu: also bench.py's row 2 (search shape) with the HF engine at N new tokens")
+    p.add_argument("--profile", action="store_true", help="--gpu: graph replay time and kernels of one decode step")
+    p.add_argument("--mfu", action="store_true", help="--gpu: also bench.py's row 1, without and with cuDNN "
+                   "attention in the learner")
     p.add_argument("--json", help="write the results to this new file")
     args = p.parse_args(argv)
     if not (args.bytes or args.gpu):
         p.error("choose --bytes and/or --gpu")
     if args.json and os.path.exists(args.json):
         p.error(f"--json {args.json} exists")
-    if args.gpu and not torch.cuda.is_available():
-        print("decode.py: error: --gpu needs a CUDA device", file=sys.stderr)
-        return 2
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench
-
-    results = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
+    if args.gpu and args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("--gpu needs a CUDA device (or --size toy --device cpu)")
+    if args.gpu and not args.device.startswith("cuda") and args.size != "toy":
+        p.error("--device cpu runs --size toy only")
+    try:
+        new_tokens = [int(n) for n in args.new_tokens.split(",")]
+    except ValueError:
+        p.error(f"--new-tokens {args.new_tokens!r}: expected integers separated by commas")
+    results = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "argv": sys.argv[1:] if argv is None
+               else argv}
 
     def save():
         if args.json:
@@ -334,70 +409,62 @@ def main(argv=None) -> int:
                            {"search": SEARCH_SHAPE, "aggregation": AGGREGATION_SHAPE}, 4096)
         results["bytes_4b_4096"] = table
         print_byte_table(table, 4096)
+        results["prefill_4b"] = prefill_peak(model, AGGREGATION_SHAPE["prompt_tokens"], 5)
+        r = results["prefill_4b"]
+        print(f"[prefill] {r['prompts']} x {r['prompt_tokens']:,}-token prompts: peak {r['peak_GB']:.2f} GB beyond the "
+              f"weights and the {r['arena_GB']:.1f} GB KV arena ({r['group_size']} prompt(s) per forward)")
         save()
     if args.gpu:
-        results["device"] = torch.cuda.get_device_name()
-        if not args.skip_checks:
-            try:
-                results["checks"] = cuda_checks()
-            except Exception as e:
-                import traceback
-
-                traceback.print_exc()
-                results["checks"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        cuda, device = args.device.startswith("cuda"), args.device
+        dtype = torch.bfloat16 if cuda else torch.float32
+        results["device"] = torch.cuda.get_device_name() if cuda else "cpu"
+        if cuda and not args.skip_checks:
+            recorded(results, "checks", cuda_checks, save)
             print("checks:", json.dumps(results["checks"]), flush=True)
-            save()
         import lora
 
         torch.manual_seed(0)
-        model, tokenizer = bench.build_policy("4b", "cuda", torch.bfloat16)
+        model, tokenizer = bench.build_policy(args.size, device, dtype)
         lora.add_lora(model, rank=32, alpha=32.0)
-        floors = bench.measure_floors("cuda", torch.bfloat16, "4b")
-        results["floors"] = floors
+        results["floors"] = floors = bench.measure_floors(device, dtype, args.size)
         print("floors:", json.dumps(floors), flush=True)
+        shapes = TOY_SHAPES if args.size == "toy" else {"search": SEARCH_SHAPE, "aggregation": AGGREGATION_SHAPE}
         if args.profile:  # fastgen.FUSE off, then on: the graph replay time per step of each
             for fuse in (False, True):
                 fastgen.FUSE = fuse
-                results[f"profile_fuse_{fuse}"] = profile_step(
-                    model, tokenizer, os.path.dirname(args.json) if args.json and fuse else None)
+                out_dir = os.path.dirname(os.path.abspath(args.json)) if args.json and fuse else None
+                recorded(results, f"profile_fuse_{fuse}",
+                         lambda: profile_step(model, tokenizer, out_dir, shapes["search"], max(new_tokens)), save)
                 fastgen.release()
-                save()
-        shapes = {k: v for k, v in (("search", SEARCH_SHAPE), ("aggregation", AGGREGATION_SHAPE))
-                  if k in args.shapes.split(",")}
-        results["rows"] = gpu_rows(model, tokenizer, floors, [int(n) for n in args.new_tokens.split(",")], shapes)
+        chosen = {k: v for k, v in shapes.items() if k in args.shapes.split(",")}
+        recorded(results, "rows", lambda: gpu_rows(model, tokenizer, floors, new_tokens, chosen), save)
         fastgen.release()
-        save()
+        scale = bench.SCALES[args.size]
         if args.hf_baseline:  # benchmarks/bench.py's row 2 with the Hugging Face engine, search shape
             import dataclasses
 
             model.generation_engine = "hf"
-            scale = dataclasses.replace(bench.SCALES["4b"], gen_new_tokens=args.hf_baseline)
-            try:
-                results["hf_row2"] = bench.measure_generate(model, tokenizer, scale, "cuda", floors)
+            hf_scale = dataclasses.replace(scale, gen_new_tokens=args.hf_baseline)
+            recorded(results, "hf_row2", lambda: bench.measure_generate(model, tokenizer, hf_scale, device, floors),
+                     save)
+            if "error" not in results["hf_row2"]:
                 bench.print_result("generate", results["hf_row2"])
-            except Exception as e:
-                results["hf_row2"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                print(f"[hf_row2] {results['hf_row2']['error']}", flush=True)
-            save()
         if args.mfu:  # row 1 with the learner's attention as train.py runs it, then with cuDNN allowed
             import logprobs
             import train
             from torch.nn.attention import SDPBackend
 
             train.enable_gradient_checkpointing(model)
-            for key, backends in (("train", None), ("train_cudnn", [SDPBackend.CUDNN_ATTENTION])):
+            for key, extra in (("train", []), ("train_cudnn", [SDPBackend.CUDNN_ATTENTION] if cuda else [])):
                 saved = logprobs.ATTENTION_BACKENDS
-                if backends:
-                    logprobs.ATTENTION_BACKENDS = backends + list(saved)
-                try:
-                    results[key] = bench.measure_train_step(model, tokenizer, bench.SCALES["4b"], "cuda", floors)
-                    bench.print_result("train", results[key])
-                except Exception as e:  # cuDNN attention crashed on H100s in generation (issue 18): record it
-                    results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                    print(f"[{key}] {results[key]['error']}", flush=True)
+                logprobs.ATTENTION_BACKENDS = extra + list(saved)
+                try:  # cuDNN attention crashed on H100s in generation (issue 18): an error is recorded
+                    recorded(results, key, lambda: bench.measure_train_step(model, tokenizer, scale, device, floors),
+                             save)
                 finally:
                     logprobs.ATTENTION_BACKENDS = saved
-                save()
+                if "error" not in results[key]:
+                    bench.print_result("train", results[key])
     return 0
 
 
