@@ -254,8 +254,8 @@ def generate(
     tokens of KV cache (default `generation_token_budget(model)`; engine="fast" stores a prompt once for all its
     copies, `fastgen.rows_per_call`). share_prefix: the copies of a prompt share one
     prefill (`_prefill_shared_prefix`; falls back to a prefill per copy if the cache cannot be repeated).
-    engine: "hf" (Hugging Face `generate`, the readable reference) or "fast" (fastgen.py: Qwen3 only, always one
-    prefill per prompt, a static KV cache, a compiled decode step on CUDA); None: model.generation_engine if set,
+    engine: "hf" (Hugging Face `generate`, the readable reference) or "fast" (fastgen.py: Qwen3 only, each prompt's
+    KV stored once for its copies, cascade attention, CUDA graphs on CUDA); None: model.generation_engine if set,
     else "hf". Both return the same kind of Completions, with the sampler's own log-probs.
     """
     if samples_per_prompt < 1 or max_new_tokens < 1 or not temperature > 0:
