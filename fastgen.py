@@ -17,9 +17,10 @@ the step) with cascade attention (attention.py) for SPIRAL's calls, where every 
      needs more; the LoRA adapter copied into fixed bf16 buffers at each call (so after each optimizer step); and
      on CUDA one captured CUDA graph per (call shape, suffix bucket), replayed at every step: one launch per step,
      no host sync but a stop check every STOP_CHECK_EVERY steps. At most MAX_CALL_SHAPES call shapes are kept, so
-     at most MAX_CALL_SHAPES x ceil(max_new_tokens / SUFFIX_BUCKET) graphs live. Graphs are captured from the eager
-     step (no torch.compile: no compile time per new shape, no guards on the cache's views); `decode_one_token`
-     still traces into one graph (tests/test_fastgen.py), so it can be compiled.
+     at most MAX_CALL_SHAPES x ceil(max_new_tokens / SUFFIX_BUCKET) graphs live. Graphs are captured from the
+     step as written, its elementwise chains compiled with dynamic shapes (`_fused`: one compilation serves every
+     call shape); the whole step is not torch.compile'd, which would recompile for each new call shape (train.py
+     meets a new one at most steps) and guard on the cache's views. It still traces into one graph (tests).
 Sampling is gpt-fast's exponential race, argmax_v p_v / E_v with E_v ~ Exponential(1) i.i.d.: token v wins with
 probability exactly p_v, and it is what torch.multinomial(p, 1) computes on a CPU. On a CPU the stop check runs at
 every step, as Hugging Face `generate` stops, so both engines consume the torch random stream identically: for the
