@@ -161,14 +161,16 @@ def test_decode_part_small_fast_path_copies_far_less(bench, tmp_path, capsys, on
 
 def test_gpu_code_path_with_the_fast_engine_at_toy_size_on_cpu(bench, tmp_path):
     out = tmp_path / "toy-fast.json"
+    import fastgen
+
     calls = []
-    real = bench.rollout.fastgen.sample_micro_batch
-    bench.rollout.fastgen.sample_micro_batch = lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs)
+    real = fastgen.sample_micro_batch
+    fastgen.sample_micro_batch = lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs)
     try:
         assert bench.main(["--size", "toy", "--device", "cpu", "--engine", "fast", "--only", "generate",
                            "--max-new-tokens", "4", "--json", str(out)]) == 0
     finally:
-        bench.rollout.fastgen.sample_micro_batch = real
+        fastgen.sample_micro_batch = real
     r = json.loads(out.read_text())
     assert r["engine"] == "fast" and r["generate"]["tokens_per_s"] > 0 and len(calls) == 2  # warm-up, measured
     assert bench.main(["--cpu", "--cpu-parts", "decoding"]) == 2
