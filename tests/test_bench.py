@@ -120,6 +120,9 @@ def test_synthetic_tokenizer_round_trips_every_id(bench):
     assert tokenizer(text, add_special_tokens=False)["input_ids"] == ids  # an aggregation prompt costs 1 token/token
     assert tokenizer.eos_token_id == 2 and tokenizer.pad_token_id == 0
     assert len(tokenizer(bench.random_words(37, 151_936, np.random.default_rng(1)))["input_ids"]) == 37
+    small = bench.synthetic_tokenizer(8)  # random words are the non-special ids 4..7, each one token
+    ids = small(bench.random_words(200, 8, np.random.default_rng(2)), add_special_tokens=False)["input_ids"]
+    assert len(ids) == 200 and set(ids) == {4, 5, 6, 7}
 
 
 def test_meter_sees_a_cpu_peak_freed_before_the_block_ends(bench):
@@ -351,14 +354,21 @@ def test_a_saved_random_model_trains_through_the_users_own_command(bench, tmp_pa
 def test_row5_naive_and_chunked_log_probs_agree_forward_and_backward(bench, rows, monkeypatch, capsys):
     """run_cpu_part with each worker run in this process at a 2,048-token vocabulary and temperature 0.7 (the
     subprocess and the real vocabulary: the slow test below): the two paths give the same log-probs and LoRA
-    gradients, and the ratios are the measured peaks' and times'."""
+    gradients, a difference planted in one path's output is reported, and the ratios are the measured peaks' and
+    times'."""
     bench_cpu = rows[1]
     specs = []
 
     def in_process(spec):
         spec = {**spec, "vocab_size": 2048, "hidden_size": 64, "temperature": 0.7}
         specs.append(spec)
-        return bench_cpu.logprob_worker(spec)
+        result = bench_cpu.logprob_worker(spec)
+        if spec.get("chunk_size") == 64:  # a planted error the comparison must report: 0.5 on one log-prob,
+            saved = torch.load(spec["out"])  # 1.5 x one gradient
+            saved["logprobs"][3] += 0.5
+            saved["grads"][0] *= 1.5
+            torch.save(saved, spec["out"])
+        return result
 
     monkeypatch.setattr(bench_cpu, "_run_worker", in_process)
     args = bench.build_parser().parse_args(["--cpu", "--small", "--chunk-sizes", "128,64"])
@@ -366,8 +376,10 @@ def test_row5_naive_and_chunked_log_probs_agree_forward_and_backward(bench, rows
     assert [s["path"] for s in specs] == ["naive", "chunked", "chunked"] and r["completion_tokens"] == 512
     naive, (c128, c64) = r["naive"], r["chunked"]
     assert (c128["chunk_size"], c64["chunk_size"], r["logprob_chunk_size"]) == (128, 64, 128)
+    assert c128["max_abs_logprob_diff"] < 1e-5 and c128["max_rel_grad_diff"] < 1e-4
+    assert c64["max_abs_logprob_diff"] == pytest.approx(0.5, abs=1e-5)
+    assert c64["max_rel_grad_diff"] == pytest.approx(0.5, abs=1e-4)
     for c in (c128, c64):
-        assert c["max_abs_logprob_diff"] < 1e-5 and c["max_rel_grad_diff"] < 1e-4
         assert c["memory_ratio"] == pytest.approx(naive["peak_bytes"] / c["peak_bytes"])
         assert c["time_ratio"] == pytest.approx(c["seconds"] / naive["seconds"])
     assert r["logprob_memory_ratio"] == c128["memory_ratio"] and r["logprob_time_ratio"] == c128["time_ratio"]
@@ -432,9 +444,12 @@ def test_row7_decode_part_from_the_command_line(bench, rows, toy, monkeypatch, t
     the tiny policy replaced by the toy model (the same code path, smaller)."""
     import tiny
 
+    built = []
+
     def toy_policy(device):
         torch.manual_seed(0)
-        return bench.build_policy("toy", device, torch.float32)
+        built.append(bench.build_policy("toy", device, torch.float32))
+        return built[-1]
 
     monkeypatch.setattr(tiny, "load_tiny_policy", toy_policy)
     out = tmp_path / "decode.json"
@@ -447,6 +462,7 @@ def test_row7_decode_part_from_the_command_line(bench, rows, toy, monkeypatch, t
                   for p in tiny.tiny_sum_problems()[:8])
     assert r["kv_cache_bytes_read_last_step"] == 64 * bench.kv_bytes_per_token(model.config, 4) * (longest + 8)
     assert r["hf"]["engine"] == "hf" and r["fast"]["engine"] == "fast"
+    assert lora.adapter_names(built[0][0]) == ["default"]  # sampled as train.py samples: LoRA r=32 active
     assert r["hf"]["bytes_copied_per_step"] > r["fast"]["bytes_copied_per_step"] > 0
     assert bench.main(["--cpu", "--cpu-parts", "decoding"]) == 2
     assert "--cpu-parts decoding: choose from logprobs,decode" in capsys.readouterr().err
