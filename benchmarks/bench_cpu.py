@@ -33,6 +33,7 @@ from logprobs import TokenBatch, completion_logprobs, position_ids_from_mask  # 
 
 BENCH = os.path.join(HERE, "bench.py")  # the log-prob worker runs as `bench.py --logprob-worker SPEC`
 
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Row 5, CPU: chunked log-probs against the naive full-logits path
 

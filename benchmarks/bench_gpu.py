@@ -31,6 +31,7 @@ from bench_kit import (GB, SPECIAL_TOKENS, Meter, attention_flops, build_policy,
                        decoder_matmul_params, kv_bytes_per_token, lora_params, measure_floors, random_words,
                        train_step_flops, weight_bytes)
 
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The shapes of rows 1-4 (Scale), the rows, and the GPU part that runs them
 
