@@ -110,6 +110,66 @@ class StepBar:
         self.bar.close()
 
 
+class Progress:
+    """Progress of a long stage, on a terminal and in a log file alike: a tqdm bar when `stream` (default stderr)
+    is a terminal; otherwise plain lines, "DESC: 120/800 traces (15%), 1:20 elapsed, about 7:30 left", one per
+    `every_s` seconds and a last one at the end, so a stage shorter than `every_s` prints nothing (a redirected
+    tqdm bar prints nothing at all, or one endless line of carriage returns)."""
+
+    def __init__(self, total: int, desc: str, unit: str = "", *, every_s: float = 30.0, stream=None, clock=None):
+        import time
+
+        self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
+        self.stream = stream if stream is not None else sys.stderr
+        self.clock = clock or time.monotonic
+        self.done, self.start, self.note = 0, self.clock(), ""
+        self.last_line, self.lines = self.start, 0
+        self.bar = None
+        if getattr(self.stream, "isatty", lambda: False)():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit=f" {unit}" if unit else "it", file=self.stream,
+                            dynamic_ncols=True)
+
+    def _line(self) -> None:
+        def clock_text(seconds: float) -> str:
+            minutes, seconds = divmod(int(seconds), 60)
+            return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}" if minutes >= 60 else f"{minutes}:{seconds:02d}"
+
+        elapsed = self.clock() - self.start
+        text = f"{self.desc}: {self.done}/{self.total}{' ' + self.unit if self.unit else ''}"
+        if self.total:
+            text += f" ({100 * self.done / self.total:.0f}%)"
+        text += f", {self.note}" if self.note else ""
+        text += f", {clock_text(elapsed)} elapsed"
+        if 0 < self.done < self.total:
+            text += f", about {clock_text(elapsed * (self.total - self.done) / self.done)} left"
+        print(text, file=self.stream, flush=True)
+        self.last_line, self.lines = self.clock(), self.lines + 1
+
+    def update(self, n: int = 1, note: str = "") -> None:
+        """n more done; `note` (a loss, say) is shown after the count from now on."""
+        self.done, self.note = self.done + n, note or self.note
+        if self.bar is not None:
+            if note:
+                self.bar.set_postfix_str(note, refresh=False)
+            self.bar.update(n)
+        elif self.done < self.total and self.clock() - self.last_line >= self.every_s:
+            self._line()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.lines:  # the last line, after the first ones
+            self._line()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def dashboard_series(rows: list[dict]) -> list[tuple[str, list[tuple[str, list, list]]]]:
     """[(panel title, [(legend label, steps, values)])]: what the dashboard draws, for the keys the rows have."""
     panels = []
@@ -164,6 +224,48 @@ def plot_training(metrics_path: str, png_path: str) -> bool:
         return False
     fig.savefig(png_path, dpi=100)
     import matplotlib.pyplot as plt
+    plt.close(fig)
+    return True
+
+
+# The seeds figure of benchmarks/reproduce.py: (panel title, [(metrics.jsonl key, legend label)])
+SEED_PANELS = [("accuracy (mean reward)", [("search_accuracy", "search"), ("aggregation_accuracy", "aggregation"),
+                                           ("accuracy", "")]),
+               ("token entropy of the traces (nats)", [("rollout/entropy_search", "search"),
+                                                        ("rollout/entropy_grpo", "")])]
+
+
+def plot_seed_curves(runs: dict[str, list[list[dict]]], path: str, title: str = "") -> bool:
+    """Training curves over seeds ({algorithm label: [each seed's metrics rows]}): per metric the mean over seeds
+    (a line) and their range (a band), each smoothed over 5 steps. False (after a notice) without matplotlib."""
+    plt = _pyplot("reproduce.py")
+    if plt is None:
+        return False
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(SEED_PANELS), figsize=(13, 4.2), squeeze=False)
+    colours = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    for name, seeds in runs.items():
+        steps = min(len(rows) for rows in seeds)
+        for ax, (_, series) in zip(axes.flat, SEED_PANELS):
+            for key, what in series:
+                if not all(isinstance(r.get(key), (int, float)) for rows in seeds for r in rows[:steps]):
+                    continue
+                window = min(5, steps)
+                smooth = lambda y: np.convolve(y, np.ones(window) / window, mode="valid")  # noqa: E731
+                values_S_T = np.array([smooth([r[key] for r in rows[:steps]]) for rows in seeds])  # (seeds, T)
+                x = np.arange(values_S_T.shape[1]) + (window + 1) / 2  # the middle step of each window
+                colour = next(colours)
+                label = f"{name} {what}".strip()
+                ax.plot(x, values_S_T.mean(0), color=colour, label=label)
+                ax.fill_between(x, values_S_T.min(0), values_S_T.max(0), color=colour, alpha=0.2)
+    for ax, (panel, _) in zip(axes.flat, SEED_PANELS):
+        ax.set(title=panel, xlabel="step (5-step mean)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title + "  (line: mean over seeds, band: min to max)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
 
@@ -268,3 +370,11 @@ def evaluation_table(summaries: dict[str, dict]) -> str:
             cells = [xv, budget, *(v for c in curve_of.values() for v in (c[y][i], c["tokens"][i]))]
             lines.append("  ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{v:>14}" for v in cells))
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    print("figures.py: error: a library that train.py and evaluate.py use; nothing to run here (--help: what it holds)", file=sys.stderr)
+    sys.exit(2)

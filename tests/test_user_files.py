@@ -1,0 +1,456 @@
+"""No script destroys what a user made (issue 27): every script parses its arguments before it does anything
+(--help prints and exits), checks its outputs before any work, replaces a warm start, a shipped result or a user's
+file only when told, takes and deletes only the lock files it made, and reports a dangling link, a linked run entry
+or a full disk in one line with nothing half-written left behind."""
+
+import copy
+import fcntl
+import importlib.util
+import json
+import os
+import runpy
+import shutil
+import sys
+
+import pytest
+import torch
+
+import checkpoint
+import evaluate
+import lora
+import rollout
+import tiny
+import tiny_parts
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+reproduce, second_task, runner = _load("reproduce"), _load("second_task"), _load("runner")
+
+
+def _one_line(capsys, script, *needles):
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{script}: error: ") and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def _snapshot(*paths):
+    """{path: bytes} of every file under `paths`, to show nothing was touched."""
+    files = {}
+    for top in paths:
+        for root, _, names in os.walk(top):
+            for name in names:
+                with open(os.path.join(root, name), "rb") as f:
+                    files[os.path.join(root, name)] = f.read()
+    return files
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Fail the test if a script starts a subprocess, trains or builds a warm start."""
+    def refuse(*args, **kwargs):
+        pytest.fail(f"started work: {args[:1]}")
+    monkeypatch.setattr(runner.subprocess, "Popen", refuse)
+    monkeypatch.setattr(runner.subprocess, "run", refuse)
+    monkeypatch.setattr(reproduce.subprocess, "run", refuse)
+    monkeypatch.setattr(second_task.subprocess, "run", refuse)
+    monkeypatch.setattr(tiny_parts, "warm_start", refuse)
+    monkeypatch.setattr(tiny_parts, "write_problems", refuse)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# --help and typos: parsed before anything runs
+
+
+@pytest.mark.parametrize("script", ["reproduce", "second_task"])
+def test_help_and_typos_run_nothing(script, nothing_runs, capsys):
+    module = {"reproduce": reproduce, "second_task": second_task}[script]
+    before = _snapshot(os.path.join(ROOT, "README.md"), os.path.join(ROOT, "benchmarks"))
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0 and "usage:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--sedes", "1"])  # a typo
+    assert exit_info.value.code == 2
+    _one_line(capsys, f"{script}.py", "unrecognized arguments: --sedes")
+    assert _snapshot(os.path.join(ROOT, "README.md"), os.path.join(ROOT, "benchmarks")) == before
+
+
+def test_tiny_parts_help_needs_out_and_runs_nothing(nothing_runs, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        tiny_parts.main(["--help"])
+    assert exit_info.value.code == 0 and "--out" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        tiny_parts.main([])  # the shipped warm start is replaced only when named
+    assert exit_info.value.code == 2
+    _one_line(capsys, "tiny_parts.py", "--out")
+
+
+@pytest.mark.parametrize("module", ["testtime", "figures", "tiny"])
+def test_a_library_run_as_a_script_prints_its_help_or_one_line(module, monkeypatch, capsys):
+    path = os.path.join(ROOT, f"{module}.py")
+    for argv, code in [(["--help"], 0), ([], 2), (["--typo"], 2)]:
+        monkeypatch.setattr(sys, "argv", [path, *argv])
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(path, run_name="__main__")
+        out, err = capsys.readouterr()
+        assert exit_info.value.code == code
+        if code == 0:
+            assert out.strip().splitlines()[0] and not err
+        else:
+            assert err.count("\n") == 1 and err.startswith(f"{module}.py: error:") and not out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Warm starts: tiny_parts.py and train.py --warm-start-only replace only a warm start of their own task
+
+
+def _warm_start_copy(source, destination):
+    shutil.copytree(source, destination)
+    return destination
+
+
+@pytest.mark.parametrize("case,message", [
+    ("sums", "holds the tiny_sums warm start, not a tiny_parts one"),  # the base of --preset tiny
+    ("run_base", "is the base model of the run"),  # a run's base/ holds a warm_start.json too
+    ("extra_file", "holds notes.txt, which a warm start does not write"),
+    ("user_dir", "not a warm start"),
+    ("file", "is not a directory"),
+    ("empty_path", "an empty path"),
+    ("proc", "not writable"),
+])
+def test_tiny_parts_refuses_what_is_not_its_own_warm_start(case, message, tmp_path, nothing_runs, capsys):
+    out = {"sums": lambda: _warm_start_copy(tiny.WARM_START_DIR, tmp_path / "w"),
+           "run_base": lambda: _warm_start_copy(tiny_parts.WARM_START_DIR, tmp_path / "run" / "base"),
+           "extra_file": lambda: _warm_start_copy(tiny_parts.WARM_START_DIR, tmp_path / "w"),
+           "user_dir": lambda: tmp_path / "w", "file": lambda: tmp_path / "w", "empty_path": lambda: "",
+           "proc": lambda: "/proc/x"}[case]()
+    if case == "run_base":
+        (tmp_path / "run" / "config.json").write_text("{}")
+    if case == "extra_file":
+        (out / "notes.txt").write_text("mine")
+    if case == "user_dir":
+        out.mkdir()
+        (out / "thesis.tex").write_text("mine")
+    if case == "file":
+        out.write_text("mine")
+    before = _snapshot(tmp_path)
+    assert tiny_parts.main(["--out", str(out)]) == 2
+    _one_line(capsys, "tiny_parts.py", message)
+    assert _snapshot(tmp_path) == before
+
+
+def test_tiny_parts_rebuilds_its_own_warm_start_and_keeps_an_edited_problem_file(tmp_path, monkeypatch, capsys):
+    built = []
+    monkeypatch.setattr(tiny_parts, "warm_start", lambda out, seed: built.append(out))
+    problems = tmp_path / "tiny_parts.jsonl"
+    monkeypatch.setattr(tiny_parts, "PROBLEMS_FILE", str(problems))
+    own = _warm_start_copy(tiny_parts.WARM_START_DIR, tmp_path / "w")
+    assert tiny_parts.main(["--out", str(own)]) == 0 and built == [str(own)]  # named: replaced
+    assert problems.read_text() == open(os.path.join(ROOT, "data", "tiny_parts.jsonl")).read()  # the generator's
+    problems.write_text(problems.read_text().replace("643", "644", 1))  # a user's edit
+    edited = problems.read_text()
+    capsys.readouterr()
+    assert tiny_parts.main(["--out", str(tmp_path / "new")]) == 2
+    _one_line(capsys, "tiny_parts.py", "differs from the generator's problems")
+    assert problems.read_text() == edited and built == [str(own)]
+
+
+def test_the_sums_warm_start_build_refuses_a_tiny_parts_warm_start_and_a_runs_base(tmp_path):
+    parts = _warm_start_copy(tiny_parts.WARM_START_DIR, tmp_path / "parts")
+    base = _warm_start_copy(tiny.WARM_START_DIR, tmp_path / "run" / "base")
+    (tmp_path / "run" / "config.json").write_text("{}")
+    assert "tiny_parts warm start, not a tiny_sums one" in tiny.warm_start_problem(str(parts), "tiny_sums")
+    assert "base model of the run" in tiny.warm_start_problem(str(base), "tiny_sums")
+    assert tiny.warm_start_problem(str(_warm_start_copy(tiny.WARM_START_DIR, tmp_path / "w")), "tiny_sums") is None
+    assert tiny.warm_start_problem(str(tmp_path / "absent"), "tiny_sums") is None
+    os.symlink(tmp_path / "w", tmp_path / "link")
+    assert "symbolic link" in tiny.warm_start_problem(str(tmp_path / "link"), "tiny_sums")
+
+
+def test_a_failed_warm_start_save_leaves_the_old_one_and_no_copy(tmp_path, monkeypatch):
+    model, tokenizer = rollout.load_policy("tiny")
+    old = _warm_start_copy(tiny.WARM_START_DIR, tmp_path / "w")
+    before = _snapshot(old)
+
+    def full_disk(self, path, *args, **kwargs):
+        os.makedirs(path, exist_ok=True)
+        open(os.path.join(path, "model.safetensors"), "wb").write(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(type(model), "save_pretrained", full_disk)
+    with pytest.raises(OSError):
+        tiny.save_warm_start(model, tokenizer, str(old), {})
+    assert _snapshot(old) == before and sorted(os.listdir(tmp_path)) == ["w"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# evaluate.py's lock: only a file it made, held until the result is written
+
+
+@pytest.mark.parametrize("kind", ["file", "directory", "symlink", "empty"])
+def test_evaluate_never_takes_or_deletes_a_users_lock_named_file(kind, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(rollout, "load_policy", lambda *a, **k: pytest.fail("loaded a model"))
+    out, lock = tmp_path / "r.json", tmp_path / "r.json.lock"
+    {"file": lambda: lock.write_text("my notes"), "directory": lambda: lock.mkdir(),
+     "symlink": lambda: os.symlink(tmp_path / "elsewhere", lock), "empty": lambda: lock.write_text("")}[kind]()
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"problem": "What is 1 + 1?", "answer": "2"}) + "\n")
+    assert evaluate.main(["--preset", "tiny", "--data", str(data), "--policy", "base=tiny", "--out", str(out)]) == 2
+    _one_line(capsys, "evaluate.py", "is not an evaluate.py lock file")
+    assert os.path.lexists(lock) and not out.exists()
+    if kind == "file":
+        assert lock.read_text() == "my notes"
+
+
+def test_a_killed_evaluates_lock_is_taken_over_and_removed(tmp_path):
+    path = tmp_path / "r.json.lock"
+    path.write_bytes(checkpoint.LOCK_MARK)  # left by a killed run: its content, nobody holding it
+    checkpoint.lock_file(str(path))
+    assert path.exists()
+    checkpoint.unlock_file(str(path))
+    assert not path.exists() and os.listdir(tmp_path) == []
+
+
+def _held(path) -> bool:
+    """Whether some open file description holds an exclusive flock on `path` (a new descriptor cannot lock it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_unlock_deletes_the_lock_file_before_releasing_it(tmp_path, monkeypatch):
+    """Released first, another evaluate.py could lock the old file just before it is deleted, while a third
+    creates a new one: two writers at once."""
+    path = str(tmp_path / "r.json.lock")
+    checkpoint.lock_file(path)
+    remove, held_when_removed = os.remove, []
+
+    def recording_remove(p, *args, **kwargs):
+        if str(p) == path:
+            held_when_removed.append(_held(p))
+        return remove(p, *args, **kwargs)
+
+    monkeypatch.setattr(os, "remove", recording_remove)
+    checkpoint.unlock_file(path)
+    assert held_when_removed == [True] and not os.path.exists(path)
+
+
+def test_the_result_is_written_while_the_lock_is_held(tmp_path, monkeypatch):
+    policy = rollout.load_policy("tiny")
+    monkeypatch.setattr(rollout, "load_policy", lambda name, dtype="auto": (copy.deepcopy(policy[0]), policy[1]))
+    out, lock = tmp_path / "r.json", str(tmp_path / "r.json.lock")
+    replace, held_when_written = os.replace, []
+
+    def recording_replace(src, dst, *args, **kwargs):
+        if str(dst) == str(out):
+            held_when_written.append(os.path.exists(lock) and _held(lock))
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", recording_replace)
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"problem": "What is 1 + 1?", "answer": "2"}) + "\n")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert evaluate.main(["--preset", "tiny", "--method", "passk", "--num-samples", "2", "--max-new-tokens", "4",
+                              "--data", str(data), "--policy", "base=tiny", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert held_when_written == [True] and out.exists() and not os.path.exists(lock)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Benchmark scripts: a run directory is reused only when it holds exactly the run asked for
+
+
+def _fake_run(out, flags, steps_logged, adapter=True):
+    """A run directory as train.py leaves it: config.json of `flags`, metrics up to `steps_logged`, the adapter."""
+    out.mkdir(parents=True)
+    cfg = train.resolve_config(vars(train.build_parser().parse_args([*flags, "--out", str(out)])))
+    import dataclasses
+    (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, steps_logged + 1)))
+    if adapter:
+        (out / "adapter").mkdir()
+        (out / "adapter" / "adapter_config.json").write_text("{}")
+
+
+def test_a_run_is_reused_only_with_the_same_settings_and_all_its_steps(tmp_path):
+    flags = ["--preset", "tiny_parts", "--algo", "grpo", "--seed", "0"]
+    run = runner.Run("grpo-s0", str(tmp_path / "grpo-s0"), flags)
+    assert runner.run_state(run) == ("new", "")
+    _fake_run(tmp_path / "grpo-s0", [*flags, "--steps", "1"], 1)  # an earlier `--steps 1` trial, finished
+    state, why = runner.run_state(run)
+    assert state == "differs" and "steps=1" in why
+    assert runner.run_state(runner.Run("x", run.out, [*flags, "--steps", "1"]))[0] == "finished"
+    assert runner.run_state(runner.Run("x", run.out, [*flags, "--steps", "1", "--seed", "1"]))[0] == "differs"
+    shutil.rmtree(run.out)
+    _fake_run(tmp_path / "grpo-s0", flags, 29)  # stopped at step 29 of 30, no checkpoint to resume
+    assert runner.run_state(run)[0] == "differs"
+    (tmp_path / "grpo-s0" / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 31)))
+    assert runner.run_state(run) == ("finished", "")
+
+
+def test_second_task_stops_before_work_on_a_reused_looking_trial(tmp_path, nothing_runs, capsys):
+    runs = tmp_path / "runs"
+    for algo in ("grpo", "spiral"):
+        for seed in (0, 1):
+            _fake_run(runs / f"{algo}-s{seed}", ["--preset", "tiny_parts", "--algo", algo, "--seed", str(seed),
+                                                   "--no-plot", "--steps", "1"], 1)
+    shipped, before = _snapshot(os.path.join(ROOT, "benchmarks")), _snapshot(runs)
+    with pytest.raises(SystemExit) as exit_info:
+        second_task.main(["--seeds", "0,1", "--runs-dir", str(runs), "--out", str(tmp_path / "t")])
+    assert exit_info.value.code == 2
+    _one_line(capsys, "second_task.py", "grpo-s0 exists and cannot be reused", "steps=1", "--overwrite")
+    assert _snapshot(runs) == before and _snapshot(os.path.join(ROOT, "benchmarks")) == shipped
+    assert not list(tmp_path.glob("t.*"))
+
+
+@pytest.mark.parametrize("existing,message", [
+    ("t.md", "was not written by second_task.py"),  # a user's notes named like the result
+    ("t.png", "exists without"),
+])
+def test_second_task_never_replaces_a_file_it_did_not_write(existing, message, tmp_path, nothing_runs, capsys):
+    (tmp_path / existing).write_text("mine")
+    assert second_task.main(["--seeds", "0,1", "--runs-dir", str(tmp_path / "runs"),
+                             "--out", str(tmp_path / "t")]) == 2
+    _one_line(capsys, "second_task.py", message)
+    assert (tmp_path / existing).read_text() == "mine" and not (tmp_path / "runs").exists()
+
+
+def test_second_task_draws_no_point_a_short_run_did_not_have():
+    for values in ([0.5], [0.1, 0.3], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]):
+        x, y = second_task.smoothed(values)
+        assert len(x) == len(y) <= len(values) and 1 <= min(x) and max(x) <= len(values)
+        assert min(values) <= min(y) and max(y) <= max(values)
+    x, y = second_task.smoothed([0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    assert list(x) == [3.0, 4.0] and list(y) == pytest.approx([0.2, 0.4])
+
+
+def test_reproduce_refuses_a_run_directory_with_other_settings_before_any_work(tmp_path, nothing_runs, capsys):
+    runs = tmp_path / "runs"
+    _fake_run(runs / "tiny-spiral-s0", ["--preset", "tiny", "--seed", "0", "--steps", "3"], 3)
+    before = _snapshot(runs)
+    readme = open(os.path.join(ROOT, "README.md"), "rb").read()
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.main(["--seeds", "0,1", "--runs-dir", str(runs), "--update-readme"])
+    assert exit_info.value.code == 2
+    _one_line(capsys, "reproduce.py", "tiny-spiral-s0 exists and cannot be reused", "steps=3")
+    assert _snapshot(runs) == before and open(os.path.join(ROOT, "README.md"), "rb").read() == readme
+
+
+def test_reproduce_rewrites_the_readme_only_when_told(tmp_path, monkeypatch):
+    """Everything after training and evaluation, on made-up results: without --update-readme only RUNS is written."""
+    runs = tmp_path / "runs"
+    seeds = [0, 1]
+    for algo in ("spiral", "grpo"):
+        for s in seeds:
+            _fake_run(runs / f"tiny-{algo}-s{s}", ["--preset", "tiny", "--seed", str(s)]
+                      + (["--algo", "grpo"] if algo == "grpo" else []), 0)
+            keys = {"spiral": ["search_accuracy", "aggregation_accuracy", "rollout/entropy_search"],
+                    "grpo": ["accuracy", "rollout/entropy_grpo"]}[algo]
+            (runs / f"tiny-{algo}-s{s}" / "metrics.jsonl").write_text("".join(
+                json.dumps({"step": t, **{k: 0.02 * t + 0.1 * s for k in keys}}) + "\n" for t in range(1, 101)))
+    summary = lambda x: {"passk": {"k": [1, 2, 4, 8], "pass_at_k": [x] * 4, "tokens": [1] * 4, "budget": [1, 2, 4, 8],  # noqa: E731
+                                   "max_new_tokens": 12},
+                         "majority": {"k": [1, 2, 4, 8], "accuracy": [x] * 4, "tokens": [1] * 4,
+                                      "budget": [1, 2, 4, 8], "ties": [0] * 4, "votes": [1] * 4, "max_new_tokens": 12},
+                         "rsa": [{"population": 4, "set_size": 4, "step": [1, 2, 3], "pass_at_1": [x] * 3,
+                                  "tokens": [1] * 3, "budget": [1, 2, 3], "max_new_tokens": 12}]}
+
+    def fake_evaluate(cmd, *args, **kwargs):
+        out = cmd[cmd.index("--out") + 1]
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        policies = {"base": {"summary": summary(0.3)}}
+        policies.update({f"{a}-s{s}": {"summary": summary(0.5 + 0.1 * s)} for a in ("grpo", "spiral") for s in seeds})
+        open(out, "w").write(json.dumps({"policies": policies}))
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(reproduce.subprocess, "run", fake_evaluate)
+    monkeypatch.setattr(runner.subprocess, "Popen", lambda *a, **k: pytest.fail("trained a finished run"))
+    watched = [os.path.join(ROOT, p) for p in ["README.md", *reproduce.KEPT_FIGURES.values()]]
+    state = lambda: {p: os.path.exists(p) and open(p, "rb").read() for p in watched}  # noqa: E731
+    before = state()
+    assert reproduce.main(["--seeds", "0,1", "--runs-dir", str(runs)]) == 0
+    assert state() == before
+    report = (runs / "report.md").read_text()
+    assert "| pass@1 | 0.300 | 0.550 ± 0.071 [0.500, 0.600] | 0.550 ± 0.071 [0.500, 0.600] |" in report
+    assert "| search accuracy | 0.16 ± 0.07 [0.11, 0.21] |" in report  # steps 1-10 of 0.02 t + 0.1 s: 0.11 + 0.1 s
+    assert (runs / "seeds.png").stat().st_size > 10_000 and (runs / "eval" / "comparison.png").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# checkpoint.py: links and a full disk
+
+
+def test_a_dangling_link_as_out_is_one_line(tmp_path, capsys):
+    os.symlink(tmp_path / "gone", tmp_path / "link")
+    assert train.main(["--preset", "tiny", "--steps", "1", "--out", str(tmp_path / "link")]) == 2
+    _one_line(capsys, "train.py", "is a symbolic link to", "which does not exist")
+    assert os.path.islink(tmp_path / "link") and not (tmp_path / "gone").exists()
+
+
+def test_resuming_into_a_linked_adapter_is_refused_and_the_link_kept(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"steps": 1}))
+    (tmp_path / "mine").mkdir()
+    os.symlink(tmp_path / "mine", run / "adapter")
+    why = checkpoint.out_dir_problem(str(run), resume=True, overwrite=False, keep={})
+    assert "adapter is a symbolic link" in why and os.path.islink(run / "adapter")
+
+
+def _tiny_lora():
+    model, _ = rollout.load_policy("tiny")
+    lora.add_lora(model, rank=2, alpha=2.0)
+    return model, torch.optim.AdamW(lora.lora_parameters(model), lr=1e-3)
+
+
+def test_a_full_disk_at_a_checkpoint_says_so_and_leaves_nothing_half_written(tmp_path, monkeypatch):
+    import numpy as np
+
+    model, optimizer = _tiny_lora()
+    args = dict(model=model, optimizer=optimizer, data_state={}, np_rng=np.random.default_rng(0), config={},
+                base_model_name_or_path="tiny")
+    checkpoint.save_checkpoint(str(tmp_path), step=1, **args)
+    before = _snapshot(tmp_path)
+
+    def full(obj, path, *a, **k):  # what torch.save raises when the disk fills up mid-file
+        open(path, "wb").write(b"half")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 512 vs 398")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 0))
+    with pytest.raises(checkpoint.CheckpointError) as error:
+        checkpoint.save_checkpoint(str(tmp_path), step=2, **args)
+    message = str(error.value)
+    assert "checkpoint/step-000002" in message and "the disk is full (0 MiB free)" in message
+    assert _snapshot(tmp_path) == before  # `latest` still names step 1; no temporary directory left
+
+
+def test_a_full_disk_while_copying_the_base_is_one_line_and_leaves_no_copy(tmp_path, monkeypatch, capsys):
+    def full(src, dst, *a, **k):
+        os.makedirs(dst)
+        open(os.path.join(dst, "model.safetensors"), "wb").write(b"half")
+        raise shutil.Error([(src, dst, "[Errno 28] No space left on device")])
+
+    monkeypatch.setattr(checkpoint.shutil, "copytree", full)
+    out = tmp_path / "run"
+    assert train.main(["--preset", "tiny", "--steps", "1", "--out", str(out), "--no-plot"]) == 2
+    _one_line(capsys, "train.py", f"could not write {out / 'base'}", "No space left on device")
+    assert not out.exists() or not [e for e in os.listdir(out) if e.startswith("base")]
