@@ -454,3 +454,74 @@ def test_a_full_disk_while_copying_the_base_is_one_line_and_leaves_no_copy(tmp_p
     assert train.main(["--preset", "tiny", "--steps", "1", "--out", str(out), "--no-plot"]) == 2
     _one_line(capsys, "train.py", f"could not write {out / 'base'}", "No space left on device")
     assert not out.exists() or not [e for e in os.listdir(out) if e.startswith("base")]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Late or raw tracebacks that are now one line before any work; progress that reaches a log file
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--policy", "a="], "the path after '=' is empty"),
+    (["--policy", "x={run}"], "is a train.py run directory; its adapter is"),
+    (["--data", "{d}/train.parquet"], "a Parquet file, not JSONL"),
+    (["--data", "{d}/binary.jsonl"], "line 2: not UTF-8 text (expected JSONL"),
+])
+def test_evaluate_slips_are_one_line_before_any_model_is_loaded(flags, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(rollout, "load_policy", lambda *a, **k: pytest.fail("loaded a model"))
+    run = tmp_path / "run"
+    (run / "adapter").mkdir(parents=True)
+    (run / "adapter" / "adapter_config.json").write_text("{}")
+    (run / "config.json").write_text("{}")
+    (tmp_path / "train.parquet").write_bytes(b"PAR1\x15\x04" + bytes(range(256)))
+    (tmp_path / "binary.jsonl").write_bytes(b'{"problem": "1 + 1", "answer": "2"}\n\xff\xfe\x00\n')
+    flags = [f.format(run=run, d=tmp_path) for f in flags]
+    assert evaluate.main(["--preset", "tiny", "--out", str(tmp_path / "r.json"), *flags]) == 2
+    _one_line(capsys, "evaluate.py", message)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_tiny_preset_with_cuda_on_a_cpu_machine_does_not_suggest_the_preset_given(capsys):
+    assert train.main(["--preset", "tiny", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU found" in err and "--preset tiny" not in err.split("found")[1] and "--device cpu" in err
+
+
+def test_progress_prints_lines_a_log_file_can_hold():
+    import io
+
+    import figures
+
+    now = [0.0]
+    log = io.StringIO()  # not a terminal
+    progress = figures.Progress(800, "policy base: search L=12", "traces", every_s=30, stream=log, clock=lambda: now[0])
+    progress.update(100)  # within the first 30 s: nothing yet (a short stage prints nothing)
+    assert log.getvalue() == ""
+    now[0] = 45.0
+    progress.update(200, note="loss 0.5")
+    now[0] = 50.0
+    progress.update(100)  # 5 s after the last line: none
+    now[0] = 120.0
+    progress.update(400)
+    progress.close()
+    assert log.getvalue().splitlines() == [
+        "policy base: search L=12: 300/800 traces (38%), loss 0.5, 0:45 elapsed, about 1:15 left",
+        "policy base: search L=12: 800/800 traces (100%), loss 0.5, 2:00 elapsed"]
+
+
+def test_evaluate_reports_progress_when_its_output_goes_to_a_file(tmp_path, monkeypatch, capsys):
+    import figures
+
+    policy = rollout.load_policy("tiny")
+    monkeypatch.setattr(rollout, "load_policy", lambda name, dtype="auto": (copy.deepcopy(policy[0]), policy[1]))
+    progress = figures.Progress
+    monkeypatch.setattr(figures, "Progress", lambda *a, **k: progress(*a, **{**k, "every_s": 0}))
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {a} + 1?", "answer": str(a + 1)}) + "\n"
+                            for a in (1, 2)))
+    torch.set_num_threads(1)
+    assert evaluate.main(["--preset", "tiny", "--method", "passk", "--num-samples", "2", "--max-new-tokens", "4",
+                          "--tokens-per-call", "4", "--data", str(data), "--policy", "base=tiny",
+                          "--out", str(tmp_path / "r.json")]) == 0  # a call per problem
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(", ")[0] for line in lines] == ["policy base (1 of 1): search L=4: 2/4 traces (50%)",
+                                                       "policy base (1 of 1): search L=4: 4/4 traces (100%)"]
