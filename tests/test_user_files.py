@@ -342,19 +342,34 @@ def test_second_task_draws_no_point_a_short_run_did_not_have():
     assert list(x) == [3.0, 4.0] and list(y) == pytest.approx([0.2, 0.4])
 
 
-def test_reproduce_refuses_a_run_directory_with_other_settings_before_any_work(tmp_path, nothing_runs, capsys):
+@pytest.fixture
+def checkout_copy(tmp_path, monkeypatch):
+    """reproduce.py pointed at a copy of the README and benchmarks/: even a buggy reproduce.py cannot write the
+    repository's own files from a test."""
+    copy_root = tmp_path / "checkout"
+    (copy_root / "benchmarks").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "README.md"), copy_root / "README.md")
+    for made in reproduce.KEPT_FIGURES.values():
+        if os.path.exists(os.path.join(ROOT, made)):
+            shutil.copy(os.path.join(ROOT, made), copy_root / made)
+    monkeypatch.setattr(reproduce, "ROOT", str(copy_root))
+    monkeypatch.chdir(copy_root)
+    return copy_root
+
+
+def test_reproduce_refuses_a_run_directory_with_other_settings_before_any_work(tmp_path, checkout_copy, nothing_runs,
+                                                                               capsys):
     runs = tmp_path / "runs"
     _fake_run(runs / "tiny-spiral-s0", ["--preset", "tiny", "--seed", "0", "--steps", "3"], 3)
-    before = _snapshot(runs)
-    readme = open(os.path.join(ROOT, "README.md"), "rb").read()
+    before, checkout = _snapshot(runs), _snapshot(checkout_copy)
     with pytest.raises(SystemExit) as exit_info:
         reproduce.main(["--seeds", "0,1", "--runs-dir", str(runs), "--update-readme"])
     assert exit_info.value.code == 2
     _one_line(capsys, "reproduce.py", "tiny-spiral-s0 exists and cannot be reused", "steps=3")
-    assert _snapshot(runs) == before and open(os.path.join(ROOT, "README.md"), "rb").read() == readme
+    assert _snapshot(runs) == before and _snapshot(checkout_copy) == checkout
 
 
-def test_reproduce_rewrites_the_readme_only_when_told(tmp_path, monkeypatch):
+def test_reproduce_rewrites_the_readme_only_when_told(tmp_path, checkout_copy, monkeypatch):
     """Everything after training and evaluation, on made-up results: without --update-readme only RUNS is written."""
     runs = tmp_path / "runs"
     seeds = [0, 1]
@@ -383,11 +398,9 @@ def test_reproduce_rewrites_the_readme_only_when_told(tmp_path, monkeypatch):
 
     monkeypatch.setattr(reproduce.subprocess, "run", fake_evaluate)
     monkeypatch.setattr(runner.subprocess, "Popen", lambda *a, **k: pytest.fail("trained a finished run"))
-    watched = [os.path.join(ROOT, p) for p in ["README.md", *reproduce.KEPT_FIGURES.values()]]
-    state = lambda: {p: os.path.exists(p) and open(p, "rb").read() for p in watched}  # noqa: E731
-    before = state()
+    before = _snapshot(checkout_copy)
     assert reproduce.main(["--seeds", "0,1", "--runs-dir", str(runs)]) == 0
-    assert state() == before
+    assert _snapshot(checkout_copy) == before
     report = (runs / "report.md").read_text()
     assert "| pass@1 | 0.300 | 0.550 ± 0.071 [0.500, 0.600] | 0.550 ± 0.071 [0.500, 0.600] |" in report
     assert "| search accuracy | 0.16 ± 0.07 [0.11, 0.21] |" in report  # steps 1-10 of 0.02 t + 0.1 s: 0.11 + 0.1 s
@@ -493,7 +506,8 @@ def test_progress_prints_lines_a_log_file_can_hold():
 
     now = [0.0]
     log = io.StringIO()  # not a terminal
-    progress = figures.Progress(800, "policy base: search L=12", "traces", every_s=30, stream=log, clock=lambda: now[0])
+    progress = figures.Progress(800, "policy base: search L=12", "traces", every_s=30, stream=log, clock=lambda: now[0],
+                                heartbeat=False)  # the timer thread prints the same lines while a long call runs
     progress.update(100)  # within the first 30 s: nothing yet (a short stage prints nothing)
     assert log.getvalue() == ""
     now[0] = 45.0
@@ -501,11 +515,22 @@ def test_progress_prints_lines_a_log_file_can_hold():
     now[0] = 50.0
     progress.update(100)  # 5 s after the last line: none
     now[0] = 120.0
-    progress.update(400)
-    progress.close()
+    progress.update(400)  # the last update, long after the last line: printed
+    progress.close()  # nothing new to say
     assert log.getvalue().splitlines() == [
         "policy base: search L=12: 300/800 traces (38%), loss 0.5, 0:45 elapsed, about 1:15 left",
         "policy base: search L=12: 800/800 traces (100%), loss 0.5, 2:00 elapsed"]
+    log.truncate(0)
+    log.seek(0)
+    progress = figures.Progress(10, "warm start", "steps", every_s=30, stream=log, clock=lambda: now[0],
+                                heartbeat=False)
+    now[0] += 40
+    progress.update(3)
+    now[0] += 1
+    progress.update(7)  # done, but within 30 s of the last line: close() adds the last one
+    progress.close()
+    assert [line.split(",")[0] for line in log.getvalue().splitlines()] == ["warm start: 3/10 steps (30%)",
+                                                                           "warm start: 10/10 steps (100%)"]
 
 
 def test_evaluate_reports_progress_when_its_output_goes_to_a_file(tmp_path, monkeypatch, capsys):
