@@ -113,23 +113,34 @@ class StepBar:
 class Progress:
     """Progress of a long stage, on a terminal and in a log file alike: a tqdm bar when `stream` (default stderr)
     is a terminal; otherwise plain lines, "DESC: 120/800 traces (15%), 1:20 elapsed, about 7:30 left", one per
-    `every_s` seconds and a last one at the end, so a stage shorter than `every_s` prints nothing (a redirected
-    tqdm bar prints nothing at all, or one endless line of carriage returns)."""
+    `every_s` seconds (also while one long call runs: `heartbeat` prints from a timer thread) and a last one at the
+    end, so a stage shorter than `every_s` prints nothing (a redirected tqdm bar prints nothing at all, or one
+    endless line of carriage returns)."""
 
-    def __init__(self, total: int, desc: str, unit: str = "", *, every_s: float = 30.0, stream=None, clock=None):
+    def __init__(self, total: int, desc: str, unit: str = "", *, every_s: float = 30.0, stream=None, clock=None,
+                 heartbeat: bool = True):
+        import threading
         import time
 
         self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
         self.stream = stream if stream is not None else sys.stderr
         self.clock = clock or time.monotonic
         self.done, self.start, self.note = 0, self.clock(), ""
-        self.last_line, self.lines = self.start, 0
-        self.bar = None
+        self.last_line, self.lines, self.printed_done = self.start, 0, None
+        self.bar, self.lock, self.stopped = None, threading.Lock(), threading.Event()
         if getattr(self.stream, "isatty", lambda: False)():
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit=f" {unit}" if unit else "it", file=self.stream,
                             dynamic_ncols=True)
+        elif heartbeat and every_s > 0:
+            threading.Thread(target=self._beat, daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            with self.lock:
+                if not self.stopped.is_set() and self.clock() - self.last_line >= self.every_s * 0.99:
+                    self._line()
 
     def _line(self) -> None:
         def clock_text(seconds: float) -> str:
@@ -145,23 +156,26 @@ class Progress:
         if 0 < self.done < self.total:
             text += f", about {clock_text(elapsed * (self.total - self.done) / self.done)} left"
         print(text, file=self.stream, flush=True)
-        self.last_line, self.lines = self.clock(), self.lines + 1
+        self.last_line, self.lines, self.printed_done = self.clock(), self.lines + 1, self.done
 
     def update(self, n: int = 1, note: str = "") -> None:
         """n more done; `note` (a loss, say) is shown after the count from now on."""
-        self.done, self.note = self.done + n, note or self.note
-        if self.bar is not None:
-            if note:
-                self.bar.set_postfix_str(note, refresh=False)
-            self.bar.update(n)
-        elif self.done < self.total and self.clock() - self.last_line >= self.every_s:
-            self._line()
+        with self.lock:
+            self.done, self.note = self.done + n, note or self.note
+            if self.bar is not None:
+                if note:
+                    self.bar.set_postfix_str(note, refresh=False)
+                self.bar.update(n)
+            elif self.clock() - self.last_line >= self.every_s:
+                self._line()
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        elif self.lines:  # the last line, after the first ones
-            self._line()
+        self.stopped.set()
+        with self.lock:
+            if self.bar is not None:
+                self.bar.close()
+            elif self.lines and self.printed_done != self.done:  # the last line, after the first ones
+                self._line()
 
     def __enter__(self):
         return self
