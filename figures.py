@@ -110,23 +110,29 @@ class StepBar:
         self.bar.close()
 
 
+_LAST_PROGRESS_LINE = {"at": None}  # time.monotonic() of the last line any Progress printed (or of the first start)
+
+
 class Progress:
     """Progress of a long stage, on a terminal and in a log file alike: a tqdm bar when `stream` (default stderr)
-    is a terminal; otherwise plain lines, "DESC: 120/800 traces (15%), 1:20 elapsed, about 7:30 left", one per
-    `every_s` seconds (also while one long call runs: `heartbeat` prints from a timer thread) and a last one at the
-    end, so a stage shorter than `every_s` prints nothing (a redirected tqdm bar prints nothing at all, or one
-    endless line of carriage returns)."""
+    is a terminal; otherwise plain lines, "DESC: 120/800 traces (15%), 1:20 elapsed, about 7:30 left", at most one
+    per `every_s` seconds across all the stages of a process (so a run of many short stages reports on the one under
+    way), also while one long call runs (`heartbeat`: a timer thread), and a last one at the end of a stage that
+    printed; a short run prints nothing. (A redirected tqdm bar prints nothing, or one endless line of \\r.)"""
 
     def __init__(self, total: int, desc: str, unit: str = "", *, every_s: float = 30.0, stream=None, clock=None,
-                 heartbeat: bool = True):
+                 heartbeat: bool = True, shared: bool | None = None):
         import threading
         import time
 
         self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
         self.stream = stream if stream is not None else sys.stderr
+        self.shared = clock is None if shared is None else shared  # the every_s spacing holds across stages
         self.clock = clock or time.monotonic
         self.done, self.start, self.note = 0, self.clock(), ""
         self.last_line, self.lines, self.printed_done = self.start, 0, None
+        if self.shared and _LAST_PROGRESS_LINE["at"] is None:
+            _LAST_PROGRESS_LINE["at"] = self.start
         self.bar, self.lock, self.stopped = None, threading.Lock(), threading.Event()
         if getattr(self.stream, "isatty", lambda: False)():
             from tqdm.auto import tqdm
@@ -136,10 +142,14 @@ class Progress:
         elif heartbeat and every_s > 0:
             threading.Thread(target=self._beat, daemon=True).start()
 
+    def _due(self) -> bool:
+        last = _LAST_PROGRESS_LINE["at"] if self.shared else self.last_line
+        return self.clock() - last >= self.every_s
+
     def _beat(self) -> None:
-        while not self.stopped.wait(self.every_s):
+        while not self.stopped.wait(min(1.0, self.every_s)):
             with self.lock:
-                if not self.stopped.is_set() and self.clock() - self.last_line >= self.every_s * 0.99:
+                if not self.stopped.is_set() and self._due():
                     self._line()
 
     def _line(self) -> None:
@@ -157,6 +167,8 @@ class Progress:
             text += f", about {clock_text(elapsed * (self.total - self.done) / self.done)} left"
         print(text, file=self.stream, flush=True)
         self.last_line, self.lines, self.printed_done = self.clock(), self.lines + 1, self.done
+        if self.shared:
+            _LAST_PROGRESS_LINE["at"] = self.last_line
 
     def update(self, n: int = 1, note: str = "") -> None:
         """n more done; `note` (a loss, say) is shown after the count from now on."""
@@ -166,7 +178,7 @@ class Progress:
                 if note:
                     self.bar.set_postfix_str(note, refresh=False)
                 self.bar.update(n)
-            elif self.clock() - self.last_line >= self.every_s:
+            elif self._due():
                 self._line()
 
     def close(self) -> None:
@@ -174,7 +186,7 @@ class Progress:
         with self.lock:
             if self.bar is not None:
                 self.bar.close()
-            elif self.lines and self.printed_done != self.done:  # the last line, after the first ones
+            elif self.lines and self.printed_done != self.done:  # the last line of a stage that printed
                 self._line()
 
     def __enter__(self):

@@ -533,6 +533,28 @@ def test_progress_prints_lines_a_log_file_can_hold():
                                                                            "warm start: 10/10 steps (100%)"]
 
 
+def test_progress_reports_on_a_run_of_short_stages(monkeypatch):
+    """Stages of 20 s each never reach 30 s alone; the spacing counts across stages, so the one under way at 30 s
+    is reported (an evaluation of 11 policies x 4 short stages printed nothing in 4 minutes)."""
+    import io
+
+    import figures
+
+    monkeypatch.setitem(figures._LAST_PROGRESS_LINE, "at", None)
+    now, log = [100.0], io.StringIO()
+    for stage in range(4):
+        progress = figures.Progress(2, f"stage {stage}", "calls", stream=log, clock=lambda: now[0], heartbeat=False,
+                                    shared=True)
+        for _ in range(2):
+            now[0] += 10
+            progress.update()
+        progress.close()
+    assert [line.split(",")[0] for line in log.getvalue().splitlines()] == ["stage 1: 1/2 calls (50%)",
+                                                                          "stage 1: 2/2 calls (100%)",
+                                                                          "stage 3: 1/2 calls (50%)",
+                                                                          "stage 3: 2/2 calls (100%)"]
+
+
 def test_evaluate_reports_progress_when_its_output_goes_to_a_file(tmp_path, monkeypatch, capsys):
     import figures
 
