@@ -572,3 +572,67 @@ def test_evaluate_reports_progress_when_its_output_goes_to_a_file(tmp_path, monk
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(", ")[0] for line in lines] == ["policy base (1 of 1): search L=4: 2/4 traces (50%)",
                                                        "policy base (1 of 1): search L=4: 4/4 traces (100%)"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# benchmarks/runner.py's parallel trainings, and reproduce.py's mean figure
+
+
+class FakeTraining:
+    """A stand-in for a train.py process: writes its metrics one step per poll, then exits with `code`."""
+
+    def __init__(self, out, steps, code, started):
+        self.out, self.steps, self.code, self.step, self.returncode = out, steps, code, 0, None
+        started.append(self)
+
+    def poll(self):
+        if self.step < self.steps:
+            self.step += 1
+            os.makedirs(self.out, exist_ok=True)
+            with open(os.path.join(self.out, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"step": self.step}) + "\n")
+            return None
+        self.returncode = self.code
+        return self.code
+
+    def send_signal(self, sig):
+        self.returncode = self.code = 130
+
+    def wait(self):
+        return self.code
+
+
+def test_trainings_run_a_few_at_a_time_and_a_failure_stops_the_rest(tmp_path, monkeypatch, capsys):
+    started, codes, jobs = [], {"a": 0, "b": 0, "c": 1, "d": 0}, [1]
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+
+    def popen(cmd, cwd, stdout, stderr):
+        out = cmd[cmd.index("--out") + 1]
+        running = [p for p in started if p.returncode is None]
+        assert len(running) < jobs[0]
+        return FakeTraining(out, 6 if out.endswith("d") else 3, codes[os.path.basename(out)], started)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+    runs = [(runner.Run(name, str(tmp_path / name), ["--preset", "tiny"]), []) for name in "ab"]
+    seconds = runner.train_all(runs, str(tmp_path), 1, {"a": 3, "b": 3}, "test")  # one after the other
+    assert sorted(seconds) == ["a", "b"] and [p.out for p in started] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    started.clear()
+    jobs[0] = 2
+    runs = [(runner.Run(name, str(tmp_path / name), ["--preset", "tiny"]), []) for name in "cd"]
+    with pytest.raises(SystemExit) as exit_info:
+        runner.train_all(runs, str(tmp_path), 2, {"c": 3, "d": 6}, "test")
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "test: error: training c failed (exit 1)" in err and f"log: {tmp_path / 'c.log'}" in err
+    assert started[1].code == 130 and started[1].step < 6  # the other run was stopped as Ctrl-C stops it
+
+
+def test_the_comparison_figure_draws_the_mean_over_seeds():
+    first = {"passk": {"k": [1, 2], "pass_at_k": [0.2, 0.4], "max_new_tokens": 12},
+             "rsa": [{"population": 4, "step": [1, 2], "pass_at_1": [0.1, 0.3]}]}
+    second = {"passk": {"k": [1, 2], "pass_at_k": [0.4, 0.8], "max_new_tokens": 12},
+              "rsa": [{"population": 4, "step": [1, 2], "pass_at_1": [0.3, 0.5]}]}
+    mean = reproduce.mean_summary([first, second])
+    assert mean["passk"]["k"] == [1, 2] and mean["passk"]["max_new_tokens"] == 12
+    assert mean["passk"]["pass_at_k"] == pytest.approx([0.3, 0.6])
+    assert mean["rsa"][0]["population"] == 4 and mean["rsa"][0]["pass_at_1"] == pytest.approx([0.2, 0.4])
