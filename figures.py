@@ -7,7 +7,6 @@ all the numbers.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
