@@ -234,3 +234,15 @@ def test_warm_start_aggregation_target_is_the_per_digit_plurality_of_its_candida
         seen["target is not candidate 0"] += target != candidates[0]
     assert seen["search"] > 150 and seen["aggregation"] > 150
     assert seen["target is not candidate 0"] > 50  # the plurality is often no single candidate's answer
+
+
+def test_warm_start_reports_its_progress_in_a_log_file(tmp_path, monkeypatch, capsys, one_thread):
+    import figures
+
+    progress = figures.Progress
+    monkeypatch.setattr(tiny_parts, "Progress", lambda *a, **k: progress(*a, **{**k, "every_s": 0}))
+    tiny_parts.warm_start(str(tmp_path / "w"), steps=2, batch_size=4)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tiny_parts.py")]
+    assert [line.split(" (")[0] for line in lines] == ["tiny_parts.py: warm start: 1/2 steps",
+                                                       "tiny_parts.py: warm start: 2/2 steps"]
+    assert all(", loss " in line for line in lines)
