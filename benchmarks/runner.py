@@ -119,7 +119,7 @@ def train_all(todo: list[tuple[Run, list[str]]], logs_dir: str, jobs: int, steps
                 run, extra = waiting.pop(0)
                 cmd = ["nice", "-n", "5", sys.executable, "train.py", *run.flags, "--out", run.out, *extra]
                 log_path = os.path.join(logs_dir, f"{run.name}.log")
-                print(f"{who}: $ {' '.join(cmd[3:])}   (log: {log_path})", file=sys.stderr, flush=True)
+                print(f"{who}: $ python {' '.join(cmd[4:])}   (log: {log_path})", file=sys.stderr, flush=True)
                 log = open(os.path.join(REPO, log_path), "w")
                 running.append((run, subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT),
                                 time.perf_counter(), log, log_path))

@@ -153,7 +153,8 @@ def figure(results: dict, seeds: list[int], runs_dir: str, path: str) -> bool:
             if curves:
                 n = min(len(c) for c in curves)
                 x, y = smoothed(list(np.mean([c[:n] for c in curves], 0)))
-                axes[2].plot(x, y, color=colors[algo], linestyle=style, label=f"{names[algo]} {what}")
+                axes[2].plot(x, y, color=colors[algo], linestyle=style, label=f"{names[algo]} {what}",
+                             marker="o" if len(x) < 5 else "")  # a short run's few points stay visible
     axes[2].set(xlabel="training step", ylabel="mean reward (5-step mean, over seeds)", title="training")
     for ax in axes:
         ax.grid(alpha=0.3)
