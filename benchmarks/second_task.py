@@ -3,8 +3,8 @@
 For each algorithm and seed: `python train.py --preset tiny_parts --algo ALGO --seed S [--steps N]` (reused when
 a run with exactly these settings has finished, resumed when one stopped part-way, refused when the run directory
 holds another run, such as an earlier --steps 1 trial: see benchmarks/runner.py), then one `python evaluate.py
---preset tiny_parts` call with the warm start and every run side by side (pass@k, majority@k, RSA; traces cached,
-so a rerun only reads them). Writes the table of means and spreads over seeds (Markdown and JSON, both naming the
+--preset tiny_parts` call with the warm start and every run side by side (pass@k, majority@k, RSA), from an empty
+cache. Writes the table of means and spreads over seeds (Markdown and JSON, both naming the
 seeds and steps) and a figure (PNG, needs matplotlib):
 
     python benchmarks/second_task.py                       # 3 seeds x 2 algorithms, then the evaluation
@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -70,14 +71,16 @@ def smoothed(values: list[float], window: int = 5) -> tuple[np.ndarray, np.ndarr
 
 
 def evaluate(seeds: list[int], runs_dir: str, limit: int) -> dict:
-    """One evaluate.py call over the warm start and every run; returns its result JSON."""
+    """One evaluate.py call over the warm start and every run, from an empty cache (a cache kept from an earlier
+    version of the code once gave a table this code does not reproduce); returns its result JSON."""
     out = os.path.join(runs_dir, "eval", "results.json")
-    cmd = ["nice", "-n", "5", sys.executable, "evaluate.py", "--preset", "tiny_parts", "--limit", str(limit), "--method", "all",
-           "--rsa-populations", "4",  # P=8 would triple the CPU time of the evaluation
+    cmd = ["nice", "-n", "5", sys.executable, "evaluate.py", "--preset", "tiny_parts", "--limit", str(limit),
+           "--method", "all", "--rsa-populations", "4",  # P=8 would triple the CPU time of the evaluation
            "--out", out, "--policy", "base=data/tiny_parts_warmstart"]
     cmd += [f"--policy={algo}-s{seed}={os.path.join(runs_dir, f'{algo}-s{seed}', 'adapter')}" for algo in ALGOS
             for seed in seeds]
-    _run(cmd)
+    with tempfile.TemporaryDirectory() as cache:
+        _run([*cmd, "--cache-dir", cache])
     with open(os.path.join(REPO, out)) as f:
         return json.load(f)
 
