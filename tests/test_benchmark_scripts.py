@@ -228,3 +228,19 @@ def test_the_comparison_figure_draws_the_mean_over_seeds():
     assert mean["passk"]["k"] == [1, 2] and mean["passk"]["max_new_tokens"] == 12
     assert mean["passk"]["pass_at_k"] == pytest.approx([0.3, 0.6])
     assert mean["rsa"][0]["population"] == 4 and mean["rsa"][0]["pass_at_1"] == pytest.approx([0.2, 0.4])
+
+
+@pytest.mark.parametrize("script,flags,message", [
+    ("second_task", ["--out", "/proc/x/second_task"], "--out '/proc/x/second_task': /proc is not writable"),
+    ("second_task", ["--runs-dir", "/proc/x"], "--runs-dir '/proc/x'"),
+    ("second_task", ["--out", ""], "an empty path"),
+    ("reproduce", ["--runs-dir", "/proc/x"], "--runs-dir '/proc/x'"),
+])
+def test_an_unwritable_output_stops_the_script_before_any_training(script, flags, message, nothing_runs, capsys):
+    module = {"reproduce": reproduce, "second_task": second_task}[script]
+    try:
+        code = module.main(["--seeds", "0,1", *flags])
+    except SystemExit as exit_info:
+        code = exit_info.code
+    assert code == 2
+    _one_line(capsys, f"{script}.py", message)
