@@ -38,10 +38,12 @@ def fail(who: str, message: str, code: int = 2):
     sys.exit(code)
 
 
-# Settings that do not change what a run computes, or that name where it is (train.RESUME_MUTABLE but --steps).
-IGNORED = {"out", "resume", "overwrite", "plot", "device", "cpu_threads", "save_every", "micro_batch_tokens",
-           "logprob_chunk_size", "generation_batch_size", "generation_tokens", "versions", "gradient_scale_M",
-           "warm_start_only"}
+def ignored_settings() -> set[str]:
+    """Settings that do not change what a run computes, or that name where it is: train.RESUME_MUTABLE (what a
+    --resume may change) except --steps, and what config.json records besides the settings."""
+    import train
+
+    return (set(train.RESUME_MUTABLE) - {"steps"}) | {"versions", "gradient_scale_M", "warm_start_only"}
 
 
 @dataclasses.dataclass
@@ -51,11 +53,11 @@ class Run:
     flags: list[str]  # train.py's flags, without --out, --resume, --overwrite
 
     def settings(self) -> dict:
-        """The run's resolved TrainConfig as config.json records it, less IGNORED."""
+        """The run's resolved TrainConfig as config.json records it, less ignored_settings()."""
         import train
 
         cfg = train.resolve_config(vars(train.build_parser().parse_args([*self.flags, "--out", self.out])))
-        return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in IGNORED}
+        return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ignored_settings()}
 
 
 def run_state(run: Run) -> tuple[str, str]:
@@ -70,7 +72,8 @@ def run_state(run: Run) -> tuple[str, str]:
     if saved is None:
         return "differs", "it holds no run (no config.json)"
     wanted = run.settings()
-    changed = sorted(k for k in set(wanted) | set(saved) if k not in IGNORED and saved.get(k) != wanted.get(k))
+    ignored = ignored_settings()
+    changed = sorted(k for k in set(wanted) | set(saved) if k not in ignored and saved.get(k) != wanted.get(k))
     if changed:
         key = changed[0]
         return "differs", f"it was trained with {key}={saved.get(key)!r}, not {wanted.get(key)!r}"
