@@ -164,8 +164,9 @@ class Sampler:
     """Samples one policy's traces for many problems at once, through the cache (note 4)."""
 
     def __init__(self, model, tokenizer, cache: TraceCache, identity: dict, *, tokens_per_call: int,
-                 micro_batch_size: int | None = None, search_adapter=None, aggregation_adapter=None):
+                 micro_batch_size: int | None = None, search_adapter=None, aggregation_adapter=None, label=""):
         self.model, self.tokenizer, self.cache, self.identity = model, tokenizer, cache, identity
+        self.label = f"{label}: " if label else ""  # named in the progress lines
         self.tokens_per_call, self.micro_batch_size = tokens_per_call, micro_batch_size
         self.search_adapter = search_adapter or contextlib.nullcontext  # which LoRA adapter is active (None: base)
         self.aggregation_adapter = aggregation_adapter or self.search_adapter  # two-model variant: phi != theta
@@ -173,8 +174,6 @@ class Sampler:
 
     def _fill(self, jobs: list[tuple[dict, list[str]]], max_new_tokens: int, desc: str) -> list[list[Trace]]:
         """Each job's traces; job = (cache key, the prompt of each trace). The missing ones are generated."""
-        from tqdm.auto import tqdm
-
         unique = {digest(key): (key, prompts) for key, prompts in jobs}  # a repeated problem is one job
         digests, keys, wanted = list(unique), [k for k, _ in unique.values()], [p for _, p in unique.values()]
         # Seeds come from the key without the model's name: a local model's absolute path would make the samples
@@ -185,7 +184,8 @@ class Sampler:
         missing = sum(max(0, len(p) - len(t)) for t, p in zip(traces, wanted))
         # Calls are planned on the whole request, cached or not: a resumed run repeats a cold run's calls exactly.
         calls = plan_calls([len(p) for p in wanted], max(1, self.tokens_per_call // max_new_tokens))
-        with tqdm(total=missing, desc=desc, unit="trace", disable=None if missing else True) as bar:
+        with contextlib.nullcontext() if not missing else figures.Progress(missing, f"{self.label}{desc}",
+                                                                           "traces") as bar:
             for call in calls:
                 todo = [j for j in call if len(traces[j]) < len(wanted[j])]
                 # A job whose cache file was corrupted is drawn again as a cold run drew it: the whole call from
@@ -483,7 +483,8 @@ def run(cfg) -> int:
     for label, pol in policies.items():
         sampler = Sampler(pol["model"], pol["tokenizer"], cache, pol["identity"], tokens_per_call=cfg.tokens_per_call,
                           micro_batch_size=cfg.micro_batch_size, search_adapter=pol["search_adapter"],
-                          aggregation_adapter=pol["aggregation_adapter"])
+                          aggregation_adapter=pol["aggregation_adapter"],
+                          label=f"policy {label} ({len(results) + 1} of {len(policies)})")
         before = grader.grader_stats()
         try:
             records = evaluate_policy(problems, sampler, cfg)
