@@ -379,8 +379,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--majority-subsets", type=int, help="k-subsets averaged per majority@k value")
     p.add_argument("--tokens-per-call", type=int, default=2**21,
                    help="traces x max_new_tokens per rollout.generate call; the cache is written after each call")
-    p.add_argument("--generation", choices=rollout.ENGINES, default="hf", help="sampler: hf (transformers generate) "
-                   "or fast (fastgen.py, Qwen3 only)")
+    p.add_argument("--generation", choices=("auto",) + rollout.ENGINES, default="auto",
+                   help="sampler: hf (transformers generate), fast (fastgen.py, Qwen3 only) or auto (fast on a GPU "
+                   "where it applies, else hf)")
     p.add_argument("--max-prompt-tokens", type=int, default=4096,
                    help="drop problems whose search prompt is longer, with a line saying so (train.py: 1024)")
     p.add_argument("--micro-batch-size", type=int,
@@ -402,8 +403,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 # 4. Policies and main
 
 
-def policy_identity(policy: dict, cfg, dtype) -> dict:
-    """What the cache keys traces by: model, adapter (hash of its files), seed, sampling settings and dtype."""
+def policy_identity(policy: dict, cfg, dtype, engine: str = "hf") -> dict:
+    """What the cache keys traces by: model, adapter (hash of its files), seed, sampling settings, dtype and the
+    engine that samples them."""
     model, adapter = policy["model"], None
     if policy["adapter"]:  # the adapter's bytes, so a retrained adapter in the same directory is a new policy
         h = hashlib.sha256()
@@ -413,7 +415,7 @@ def policy_identity(policy: dict, cfg, dtype) -> dict:
         adapter = h.hexdigest()
     return {"format": 3, "model": model, "adapter": adapter, "seed": cfg.seed, "temperature": cfg.temperature,
             "dtype": str(dtype).removeprefix("torch."),
-            **({"generation": "fast"} if getattr(cfg, "generation", "hf") == "fast" else {})}  # hf: keys as before
+            **({"generation": "fast"} if engine == "fast" else {})}  # hf: keys as before
 
 
 def load_policies(cfg) -> dict[str, dict]:
@@ -434,7 +436,8 @@ def load_policies(cfg) -> dict[str, dict]:
             model = model.eval()
             if getattr(cfg, "generation", "hf") == "fast" and rollout.fastgen.supports(model):
                 raise UsageError(f"--generation fast: {rollout.fastgen.supports(model)}")
-            model.generation_engine = getattr(cfg, "generation", "hf")  # rollout.generate's engine for this model
+            # auto: per model (a Qwen3 on CUDA samples fast); the cache keys traces by the engine that drew them
+            model.generation_engine = rollout.resolve_engine(getattr(cfg, "generation", "hf"), model)
             bases[name] = model, tokenizer, model.get_input_embeddings().weight.dtype
         model, tokenizer, dtype = bases[name]
         search = aggregation = lambda m=model: use_adapter(m, None)  # noqa: E731
@@ -455,7 +458,7 @@ def load_policies(cfg) -> dict[str, dict]:
             search = lambda m=model, a=adapters[0][0]: use_adapter(m, a)  # noqa: E731
             aggregation = lambda m=model, a=adapters[-1][0]: use_adapter(m, a)  # noqa: E731
         loaded[label] = {"model": model, "tokenizer": tokenizer, "search_adapter": search,
-                         "aggregation_adapter": aggregation, "identity": policy_identity(policy, cfg, dtype)}
+                         "aggregation_adapter": aggregation, "identity": policy_identity(policy, cfg, dtype, model.generation_engine)}
     return loaded
 
 

@@ -118,10 +118,10 @@ def test_a_corrupted_file_is_redrawn_in_the_call_a_cold_run_made(tiny_policy, tm
     assert json.loads((tmp_path / "again.json").read_text())["policies"]["base"]["problems"] == cold["problems"]
 
 
-def _identity(adapter, **settings):
-    cfg = SimpleNamespace(**{"seed": 0, "temperature": 1.0, "generation": "hf", **settings})
+def _identity(adapter, engine="hf", **settings):
+    cfg = SimpleNamespace(**{"seed": 0, "temperature": 1.0, "generation": "auto", **settings})
     return evaluate.policy_identity({"model": "tiny", "adapter": str(adapter) if adapter else None}, cfg,
-                                    torch.float32)
+                                    torch.float32, engine)
 
 
 def test_the_cache_knows_a_policy_by_its_bytes_and_sampling_settings_not_its_path(tmp_path):
@@ -133,7 +133,7 @@ def test_the_cache_knows_a_policy_by_its_bytes_and_sampling_settings_not_its_pat
     assert _identity(moved) == _identity(adapter)  # a copy anywhere is the same policy: its traces are reused
     base = _identity(None)
     assert base["adapter"] is None and _identity(adapter) != base
-    for setting in [{"seed": 1}, {"temperature": 0.7}, {"generation": "fast"}]:
+    for setting in [{"seed": 1}, {"temperature": 0.7}, {"engine": "fast"}]:  # the engine --generation auto resolved
         assert _identity(adapter, **setting) != _identity(adapter)
     assert evaluate.policy_identity({"model": "tiny", "adapter": str(adapter)}, SimpleNamespace(
         seed=0, temperature=1.0, generation="hf"), torch.bfloat16) != _identity(adapter)
