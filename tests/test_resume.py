@@ -126,6 +126,19 @@ def test_overwrite_locks_the_new_directory_and_releases_the_old_one(tmp_path):
     assert not _locked(out) and out.is_dir()
 
 
+def test_a_refused_run_keeps_the_empty_out_directory_the_user_made(tmp_path, monkeypatch, capsys):
+    """Bug: unlock_run_dir removes an empty OUT whether or not the run created it (the user's mkdir undone)."""
+    def broken(*args, **kwargs):
+        raise OSError("disk on fire")
+    monkeypatch.setattr(train.rollout, "load_policy", broken)
+    data = tmp_path / "problems.jsonl"
+    data.write_text(json.dumps({"problem": "What is 1 + 1?", "answer": "2"}) + "\n")
+    (tmp_path / "mine").mkdir()
+    assert train.main(SMALL + ["--data", str(data), "--out", str(tmp_path / "mine")]) == 2
+    assert "disk on fire" in capsys.readouterr().err
+    assert (tmp_path / "mine").is_dir() and not _locked(tmp_path / "mine")
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The data position: (epoch, index) into the epoch's permutation, checked against the data's fingerprint
 
