@@ -167,6 +167,26 @@ def test_a_prompt_exactly_max_prompt_tokens_long_is_kept(capsys):
         cli.short_enough(problems, policies, lengths[0] - 1)
 
 
+class _CharTokenizer:
+    """A stand-in tokenizer: one token per character of the user message, times `per_char`."""
+
+    def __init__(self, per_char):
+        self.per_char = per_char
+
+    def apply_chat_template(self, messages, **kwargs):
+        return {"input_ids": [0] * (len(messages[0]["content"]) * self.per_char)}
+
+
+def test_a_problem_must_fit_every_policy_s_tokenizer():
+    """Bug: a problem kept when it fits one policy's tokenizer but not another's (`any` for `all`)."""
+    problems = [Problem("1 + 1", "2"), Problem("1 + 1 + 1 + 1", "4")]
+    fine, coarse = _CharTokenizer(1), _CharTokenizer(2)
+    limit = len(cli.rollout.search_prompt(problems[1].problem))  # the longer prompt fits `fine` exactly
+    assert cli.short_enough(problems, [{"tokenizer": fine}], limit) == problems
+    kept = cli.short_enough(problems, [{"tokenizer": fine}, {"tokenizer": coarse}], 2 * limit - 8)
+    assert kept == problems[:1]
+
+
 def test_warm_start_only_refuses_a_directory_that_is_not_a_warm_start(tmp_path, monkeypatch):
     monkeypatch.setattr(tiny, "rebuild_warm_start", lambda *a, **k: pytest.fail("replaced a user's directory"))
     (tmp_path / "mine").mkdir()

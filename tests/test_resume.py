@@ -89,6 +89,26 @@ def test_without_latest_the_newest_complete_step_directory_is_resumed(policy, tm
     assert checkpoint.latest_checkpoint(str(out)) == str(out / "checkpoint" / "step-000010")
 
 
+def test_latest_naming_a_missing_step_directory_is_refused_by_name(tmp_path):
+    """Bug: a `latest` naming a step directory that is not there passes, and the resume fails later, elsewhere."""
+    (tmp_path / "checkpoint" / "step-000001").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "latest").write_text("step-000002\n")
+    with pytest.raises(checkpoint.CheckpointError, match="latest names 'step-000002', not a step directory inside"):
+        checkpoint.latest_checkpoint(str(tmp_path))
+
+
+@pytest.mark.parametrize("bad", [{"step": True}, {"step": -1}, {"step": "3"}, {"data": {"epoch": False, "index": 1}},
+                                 {"data": {"epoch": 0, "index": 1.0}}, {"config": []}, {"data": {"epoch": 0}}])
+def test_a_trainer_state_of_the_wrong_types_is_refused(bad, tmp_path):
+    """Bug: JSON true taken for the integer 1 (bool is an int in Python), a float index, a config that is a list."""
+    state = {"step": 3, "data": {"epoch": 0, "index": 1}, "config": {}}
+    (tmp_path / "trainer_state.json").write_text(json.dumps({**state, **bad}))
+    with pytest.raises(checkpoint.CheckpointError, match="trainer_state.json is corrupt"):
+        checkpoint.read_trainer_state(str(tmp_path))
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    assert checkpoint.read_trainer_state(str(tmp_path)) == state
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # One writer: --overwrite moves the old run aside and must lock the new directory
 
