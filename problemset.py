@@ -61,7 +61,9 @@ def load_problems(source: str) -> list[Problem]:
         return CODE_BUILT_PROBLEMS[source]()
     if os.path.exists(source):
         return _read_jsonl(source)
-    if HUB_ID.match(source) and not source.partition(":")[0].endswith((".jsonl", ".json")):
+    if source.partition(":")[0].endswith((".jsonl", ".json")) or source.startswith((".", os.sep, "~")):
+        raise FileNotFoundError(f"{source}: no such file")  # a path, not a Hub id ("data/x.jsonl" matches HUB_ID)
+    if HUB_ID.match(source):
         return [problem for path in _fetch_from_hub(source) for problem in _read_jsonl(path)]
     raise FileNotFoundError(
         f"problem source {source!r} is not a bundled set ({', '.join([*BUNDLED, *CODE_BUILT_PROBLEMS])}), an "

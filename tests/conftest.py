@@ -1,4 +1,4 @@
-"""Shared test setup: the repository root on sys.path, the `slow` marker, and the one_thread fixture."""
+"""Shared test setup: the repository root on sys.path and the one_thread fixture (the `slow` marker: pytest.ini)."""
 
 import os
 import sys
@@ -7,10 +7,6 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: end-to-end runs that take tens of seconds (CI runs them too)")
 
 
 @pytest.fixture

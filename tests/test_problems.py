@@ -129,3 +129,82 @@ def test_hub_dataset_is_read_like_a_local_file(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="second.jsonl"):
         problemset.load_problems("POLARIS-Project/Polaris-Dataset-53K")
     assert os.path.exists(folder / "second.jsonl")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Edges a plausible bug would get wrong (issue 28)
+
+
+@pytest.mark.parametrize("answer", [True, False])
+def test_a_json_boolean_answer_is_refused_not_read_as_true(tmp_path, answer):
+    path = write_lines(tmp_path, [GOOD, json.dumps({"problem": "Is 2 prime?", "answer": answer})])
+    with pytest.raises(problemset.ProblemFileError, match="line 2: field 'answer' must be a non-empty string"):
+        problemset.load_problems(path)
+
+
+def test_a_missing_local_file_is_not_found_without_asking_the_hub(tmp_path, monkeypatch):
+    """"data/x.jsonl" also matches the Hub's "owner/name" pattern; a missing file must not turn into a download."""
+    monkeypatch.setattr(problemset, "_fetch_from_hub", lambda source: pytest.fail(f"asked the Hub for {source}"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for source in ["data/x.jsonl", "data/x.json", "./x.jsonl", str(tmp_path / "data" / "x.jsonl")]:
+        with pytest.raises(FileNotFoundError, match=f"^{re.escape(source)}: no such file$"):
+            problemset.load_problems(source)
+    calls = []
+    monkeypatch.setattr(problemset, "_fetch_from_hub", lambda source: calls.append(source) or [])
+    problemset.load_problems("owner/name:data/x.jsonl")  # a file inside a Hub dataset is still the Hub's
+    assert calls == ["owner/name:data/x.jsonl"]
+
+
+def test_blank_lines_anywhere_and_the_ids_as_given(tmp_path):
+    path = write_lines(tmp_path, ["", GOOD, "   ", "", json.dumps({"problem": "3?", "answer": "3", "id": 0}),
+                                  json.dumps({"problem": "4?", "answer": "4", "id": None}), ""])
+    assert problemset.load_problems(path) == [problemset.Problem("1+1?", "2", None), problemset.Problem("3?", "3", "0"),
+                                              problemset.Problem("4?", "4", None)]
+    path = write_lines(tmp_path, [GOOD, "", "", "not json"])
+    with pytest.raises(problemset.ProblemFileError, match="line 4: not valid JSON"):  # blank lines counted
+        problemset.load_problems(path)
+
+
+def test_each_size_limit_accepts_its_limit_and_refuses_one_more(tmp_path, monkeypatch):
+    line = json.dumps({"problem": "x" * 50, "answer": "2"}) + "\n"
+    monkeypatch.setattr(problemset, "MAX_LINE_BYTES", len(line))  # the line with its newline, exactly at the limit
+    path = write_lines(tmp_path, [line.rstrip("\n")])
+    assert len(problemset.load_problems(path)) == 1
+    monkeypatch.setattr(problemset, "MAX_LINE_BYTES", len(line) - 1)
+    with pytest.raises(problemset.ProblemFileError, match="line 1: longer than"):
+        problemset.load_problems(path)
+
+    monkeypatch.setattr(problemset, "MAX_PROBLEM_FILE_BYTES", os.path.getsize(path))
+    monkeypatch.setattr(problemset, "MAX_LINE_BYTES", 1000)
+    assert len(problemset.load_problems(path)) == 1
+    monkeypatch.setattr(problemset, "MAX_PROBLEM_FILE_BYTES", os.path.getsize(path) - 1)
+    with pytest.raises(problemset.ProblemFileError, match="more than"):
+        problemset.load_problems(path)
+
+    monkeypatch.setattr(problemset, "MAX_PROBLEM_FILE_BYTES", 1 << 20)
+    monkeypatch.setattr(problemset, "MAX_LINE_BYTES", 1 << 20)
+    digits = problemset.MAX_INTEGER_DIGITS
+    path = write_lines(tmp_path, ['{"problem": "big", "answer": ' + "9" * digits + "}"])
+    assert problemset.load_problems(path)[0].answer == "9" * digits
+    path = write_lines(tmp_path, ['{"problem": "big", "answer": -' + "9" * (digits + 1) + "}"])
+    with pytest.raises(problemset.ProblemFileError, match=f"an integer of {digits + 1:,} digits"):
+        problemset.load_problems(path)
+
+
+def test_hf_hub_offline_set_after_import_is_honoured(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # read at import, before the variable
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    calls = []
+
+    def snapshot_download(repo_id, **kwargs):
+        calls.append(kwargs["local_files_only"])
+        write_lines(tmp_path, [GOOD])
+        return str(tmp_path)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert len(problemset.load_problems("owner/name")) == 1 and calls == [True]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    problemset.load_problems("owner/name")
+    assert calls == [True, False]
