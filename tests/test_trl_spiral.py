@@ -285,24 +285,25 @@ def test_an_existing_trl_run_says_which_flag_continues_it_and_overwrite_replaces
 
 @pytest.mark.slow
 def test_ctrl_c_from_a_terminal_is_one_line(tmp_path):
-    """A real SIGINT once step 1 is printed: exit 130, the one line, no traceback; the run then resumes."""
+    """A real SIGINT once step 2 is printed (so checkpoint-1 is complete): exit 130, the one line, no traceback; the
+    run then resumes from its last complete checkpoint."""
     out = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "trl_spiral.py"), *SMALL, "--max_steps", "50", "--save_steps", "1",
            "--output_dir", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     for line in proc.stdout:
-        if line.startswith("trl_spiral.py: step 1/"):
+        if line.startswith("trl_spiral.py: step 2/"):
             break
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1].startswith("trl_spiral.py: interrupted;") and "Traceback" not in err
-    done = subprocess.run(cmd[:-6] + ["--max_steps", "2", "--output_dir", str(out), "--resume_from_checkpoint",
+    done = subprocess.run(cmd[:-6] + ["--max_steps", "3", "--output_dir", str(out), "--resume_from_checkpoint",
                                       "true", "--save_steps", "1"], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert [r["step"] for r in _rows(out)] == [1, 2]
+    assert [r["step"] for r in _rows(out)] == [1, 2, 3]
 
 
 @pytest.mark.slow
