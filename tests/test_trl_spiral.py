@@ -352,3 +352,22 @@ def test_a_short_run_learns_and_logs_train_py_s_columns(tmp_path, one_thread, ca
     ours = json.loads((tmp_path / "train" / "metrics.jsonl").read_text().splitlines()[0])
     assert set(rows_[0]) == set(ours)
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_the_shipped_recipe_and_accelerate_configs_load(tmp_path):
+    """recipe/trl/paper.yaml resolves with every pinned and derived setting satisfied (on a CPU: without vLLM, on the
+    tiny model); the accelerate configs parse as accelerate reads them, one process per GPU of a node."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    cfg, args, _ = trl_spiral.resolve(["--config", str(ROOT / "recipe/trl/paper.yaml"), "--use_vllm", "false",
+                                       "--use_cpu", "--model_name_or_path", "tiny", "--output_dir",
+                                       str(tmp_path / "p")])
+    assert (cfg.num_search, cfg.set_size, cfg.num_sets, cfg.num_aggregations, cfg.max_new_tokens) == (8, 4, 4, 4, 4096)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.num_generations) == (16, 48, 24)
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == cfg.batch_problems * 24
+    kinds = {}
+    for name in ("ddp", "zero3", "fsdp2"):
+        config = load_config_from_file(str(ROOT / f"recipe/trl/{name}.yaml"))
+        kinds[name] = config.distributed_type.value
+        assert config.num_processes == 8 and config.mixed_precision == "bf16"
+    assert kinds == {"ddp": "MULTI_GPU", "zero3": "DEEPSPEED", "fsdp2": "FSDP"}

@@ -1,6 +1,7 @@
 """verl_spiral.py on verl's real DataProto (skipped without verl; CI's engines environment has it): the advantages are
 spiral_advantages, per prompt, on response tokens only; verl's own reorder and concat change nothing, bit for bit;
-rows without metadata are refused; and the two facts of verl 0.9.1 that shape the recipe, where verl can show them."""
+rows without metadata are refused; and the two facts of verl 0.9.1 that shape the recipe, where verl can show them.
+tests/test_verl_recipe.py runs recipe/spiral/ (its agent loop, entry point and YAML) with verl's own machinery."""
 
 import numpy as np
 import pytest

@@ -21,6 +21,7 @@ import sys
 
 import problemset
 import rollout
+import tiny  # noqa: F401 - registers the tiny preset's problem set, tiny_sums
 
 
 def rows(name: str, split: str) -> list[dict]:
