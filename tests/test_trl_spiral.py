@@ -150,6 +150,12 @@ def test_one_step_lora_gradient_is_train_py_s_on_the_same_rollouts(trainer, monk
     assert output["prompt_mask"].sum(1).unique().numel() > 2
     samples = trainer.last_rollouts.samples
     assert any(s.advantage != 0 for s in samples)
+    # A sampler whose log-probs differ from the learner's (as vLLM's, or bf16's), so that the ratio is not 1: the same
+    # shift in TRL's tensor (samples fill its first rows, in order) and in the samples train.py trains on.
+    for i, s in enumerate(samples):
+        shift = [0.05 * ((i + t) % 3) for t in range(len(s.sampler_logprobs))]
+        s.sampler_logprobs = [lp - d for lp, d in zip(s.sampler_logprobs, shift)]
+        output["sampling_per_token_logps"][i, :len(shift)] -= torch.tensor(shift)
     model = trainer.model
     model.train()
     model.zero_grad(set_to_none=True)
@@ -231,31 +237,36 @@ def _same(row):
 
 @pytest.mark.slow
 def test_ctrl_c_is_one_line_and_resume_equals_an_unbroken_run(tmp_path, one_thread, monkeypatch, capsys):
-    """4 steps with checkpoints every 2, unbroken; the same interrupted at step 3 (KeyboardInterrupt in the rollout),
-    then --resume_from_checkpoint true: the same metrics and the same adapter, bit for bit."""
-    monkeypatch.setattr(spiral, "reward", pseudo_random_reward)
+    """4 steps with checkpoints every 2, unbroken; the same interrupted at step 4 (KeyboardInterrupt in the rollout,
+    after step 3's metrics row and before its checkpoint), then --resume_from_checkpoint true from checkpoint-2: step 3
+    is redone, and the metrics and the adapter are the unbroken run's, bit for bit."""
+    # No signal on problems whose answer is a multiple of 3, so that dynamic sampling redraws (its stream resumes too).
+    monkeypatch.setattr(spiral, "reward", lambda text, gold: 0.0 if int(gold) % 3 == 0 else pseudo_random_reward(
+        text, gold))
     flags = SMALL + ["--max_steps", "4", "--save_steps", "2", "--max_completion_length", "8"]
     assert trl_spiral.main(flags + ["--output_dir", str(tmp_path / "a")]) == 0
     calls, collect = [], spiral.collect_spiral
 
-    def interrupted_at_step_3(*args, **kwargs):
+    def interrupted_at_step_4(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == 4:
             raise KeyboardInterrupt
         return collect(*args, **kwargs)
 
-    monkeypatch.setattr(spiral, "collect_spiral", interrupted_at_step_3)
+    monkeypatch.setattr(spiral, "collect_spiral", interrupted_at_step_4)
     capsys.readouterr()
     assert trl_spiral.main(flags + ["--output_dir", str(tmp_path / "b")]) == 130
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == ("trl_spiral.py: interrupted; continue from the last checkpoint with "
                                             "--resume_from_checkpoint true (and the same flags)")
     assert "Traceback" not in err
+    assert [r["step"] for r in _rows(tmp_path / "b")] == [1, 2, 3]  # step 3 logged, but not in a checkpoint
     monkeypatch.setattr(spiral, "collect_spiral", collect)
     assert trl_spiral.main(flags + ["--output_dir", str(tmp_path / "b"), "--resume_from_checkpoint", "true"]) == 0
     unbroken, resumed = _rows(tmp_path / "a"), _rows(tmp_path / "b")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]  # each step once: the metrics were cut back to step 2
     assert any(r["train/samples_trained"] for r in unbroken[2:])
+    assert any(r["problems_drawn"] > r["problems_kept"] for r in unbroken[2:])  # redraws after the checkpoint
     assert [_same(r) for r in resumed] == [_same(r) for r in unbroken]
     weights = "adapter/adapter_model.safetensors"
     assert (tmp_path / "a" / weights).read_bytes() == (tmp_path / "b" / weights).read_bytes()
