@@ -92,9 +92,9 @@ def test_named_project_functions_and_flags_exist():
         assert hasattr(module, name) and name in GUIDE
     assert "--unbiased-set-rl" in GUIDE and "unbiased_set_rl" in train.TrainConfig.__dataclass_fields__
     assert "gradient_scale_M" in GUIDE and train.TrainConfig.lora_rank == 32 and "rank is 32" in GUIDE
-    for path, names in [("trl_spiral.py", ["SpiralGRPOTrainer", "resolve", "PINNED", "derived_settings", "trl_defaults",
-                                           "_compute_loss", "_generate_and_score_completions",
-                                           "loss_is_scaled_for_ga"]),
+    for path, names in [("trl_spiral.py", ["SpiralGRPOTrainer", "resolve", "_compute_loss",
+                                           "_generate_and_score_completions", "loss_is_scaled_for_ga"]),
+                        ("trl_args.py", ["SpiralArguments", "PINNED", "derived_settings", "trl_defaults"]),
                         ("verl_spiral.py", ["spiral_extra_fields", "compute_spiral_advantage", "spiral_trainer_class",
                                             "SpiralPPOTrainer", "_compute_advantage"]),
                         ("recipe/spiral/main_spiral.py", ["SpiralTaskRunner", "check_spiral_config"])]:

@@ -218,6 +218,8 @@ def test_trl_flags_and_config_yaml_take_precedence_in_order(tmp_path):
     (["--use_vllm"], "--use_vllm needs a CUDA GPU and vllm"),
     (["--num_sets", "9"], "--num-sets 9 exceeds the C(3, 2) = 3 possible sets"),
     (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: FileNotFoundError"),
+    (["--ds3_gather_for_generation", "false"], "--ds3_gather_for_generation False: SPIRAL pins it to True"),
+    (["--fsdp", "full_shard"], "FSDP needs --use_vllm"),
 ])
 def test_bad_flags_are_one_line_errors_and_write_nothing(argv, message, tmp_path, capsys):
     out = tmp_path / "run"
@@ -225,6 +227,12 @@ def test_bad_flags_are_one_line_errors_and_write_nothing(argv, message, tmp_path
     err = capsys.readouterr().err
     assert err.startswith("trl_spiral.py: error: ") and message in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_fsdp_through_accelerate_launch_without_vllm_is_refused_before_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch --config_file fsdp2.yaml` sets
+    assert trl_spiral.main(SMALL + ["--output_dir", str(tmp_path / "run")]) == 2
+    assert "FSDP needs --use_vllm" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
 def _rows(out):
