@@ -489,6 +489,7 @@ def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrai
         if len(set(digests)) != 1:
             raise RuntimeError(f"the {args.world_size} processes ended with different adapters: {digests}")
     if args.process_index == 0:
+        checkpoint.delete_moved_aside(cfg.out)  # the new run is complete even if it saved no checkpoint
         same = f"; the same adapter on all {len(digests)} processes" if len(digests) > 1 else ""
         print(f"trl_spiral.py: done; adapter in {os.path.join(cfg.out, 'adapter')} (sha256 {digests[0][:12]}{same})")
     return trainer

@@ -296,6 +296,11 @@ def test_an_existing_trl_run_says_which_flag_continues_it_and_overwrite_replaces
     assert "already exists; pass --resume_from_checkpoint to continue it or --overwrite to replace it" in err
     assert trl_spiral.main(flags + ["--overwrite"]) == 0  # TRL's own checkpoint-N does not block it
     assert [r["step"] for r in _rows(out)] == [1] and not list(tmp_path.glob("run.old-*"))  # old run deleted
+    train_flags = ["--preset", "tiny", "--batch-problems", "2", "--num-search", "3", "--set-size", "2", "--num-sets",
+                   "2", "--num-aggregations", "2", "--max-new-tokens", "6", "--steps", "1", "--no-plot"]
+    assert train.main(train_flags + ["--out", str(out), "--overwrite"]) == 0  # train.py's --overwrite too
+    assert "checkpoint-1" not in os.listdir(out) and (out / "checkpoint" / "latest").is_file()
+    assert trl_spiral.main(flags + ["--overwrite"]) == 0  # and back: a TRL run replaces train.py's
     (out / "notes.txt").write_text("mine")  # a user's file: --overwrite refuses, and nothing is lost
     assert trl_spiral.main(flags + ["--overwrite"]) == 2
     assert "does not look like a run directory (a run does not write notes.txt)" in capsys.readouterr().err
