@@ -1,8 +1,8 @@
 """SPIRAL on TRL: Algorithm 1 with TRL's GRPOTrainer doing the optimisation (checked against trl 1.16.0, peft 0.21.2).
 
-For a user who already trains with TRL: TRL's flags (`TrlParser` over GRPOConfig, `--config recipe.yaml`), several
-processes through `accelerate launch` (DDP, ZeRO-3; FSDP with vLLM only), vLLM generation, `report_to`, `save_steps` checkpoints and
-`--resume_from_checkpoint`. Nothing SPIRAL is re-implemented; the subclass routes TRL's two seams to this project:
+For a user who already trains with TRL: TRL's flags (`TrlParser` over GRPOConfig, `--config recipe.yaml`; trl_args.py),
+several processes through `accelerate launch` (DDP, ZeRO-3; FSDP with vLLM only), vLLM generation, `report_to`,
+`save_steps` checkpoints and `--resume_from_checkpoint`. Nothing SPIRAL is re-implemented; the subclass routes TRL's two seams to this project:
   Algorithm 1, lines 1-13 and line 15's advantage   spiral.collect_spiral, unchanged (search traces, K sets of n,
       aggregation traces, rewards, advantages, dynamic sampling), in SpiralGRPOTrainer._generate_and_score_completions.
   Lines 14-18                                       train.importance_sampling_loss on TRL's (B, T) tensors, with
@@ -214,8 +214,9 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         return {key: value.to(device) for key, value in output.items()}
 
     def _log_trl_metrics(self, samples, eos_ids) -> None:
-        """TRL's own columns (num_tokens, completions/*, reward*) for SPIRAL's rows, over all processes; reward is
-        r(x, y) over the aggregation traces (the only graded ones); and TRL's completions table when asked for."""
+        """TRL's own columns (num_tokens, completions/*, reward*) over the rows trained (the kept problems') of all
+        processes; reward is r(x, y) of their aggregation traces (the only graded ones); and TRL's completions table
+        when asked for (--log_completions)."""
         from accelerate.utils import gather_object
 
         lengths = gather_object([len(s.completion_ids) for s in samples])
