@@ -166,7 +166,8 @@ def parse_args(argv: list[str]):
              "a positive integer")
     rows = cfg.batch_problems * (cfg.num_search + cfg.num_sets * cfg.num_aggregations)
     cli.need(rows % ns["gradient_accumulation_steps"] == 0, "gradient_accumulation_steps",
-             ns["gradient_accumulation_steps"], f"a divisor of the {rows} rows per step (--batch_problems x (N1 + K N2))")
+             ns["gradient_accumulation_steps"],
+             f"a divisor of the {rows} rows per step (--batch_problems x (N1 + K N2))")
     for name, value in derived_settings(cfg, ns["gradient_accumulation_steps"]).items():
         if ns[name] is not None and ns[name] != value:
             raise cli.ConfigError(f"--{name} {ns[name]}: SPIRAL derives it as {value} from N1, K, N2, "

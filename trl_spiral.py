@@ -2,7 +2,8 @@
 
 For a user who already trains with TRL: TRL's flags (`TrlParser` over GRPOConfig, `--config recipe.yaml`; trl_args.py),
 several processes through `accelerate launch` (DDP, ZeRO-3; FSDP with vLLM only), vLLM generation, `report_to`,
-`save_steps` checkpoints and `--resume_from_checkpoint`. Nothing SPIRAL is re-implemented; the subclass routes TRL's two seams to this project:
+`save_steps` checkpoints and `--resume_from_checkpoint`. Nothing SPIRAL is re-implemented; the subclass routes TRL's
+two seams to this project:
   Algorithm 1, lines 1-13 and line 15's advantage   spiral.collect_spiral, unchanged (search traces, K sets of n,
       aggregation traces, rewards, advantages, dynamic sampling), in SpiralGRPOTrainer._generate_and_score_completions.
   Lines 14-18                                       train.importance_sampling_loss on TRL's (B, T) tensors, with
@@ -169,10 +170,11 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         start = time.perf_counter()
         # As TRL's own generation: ZeRO-3's parameters gathered (and its hooks off) for the whole rollout, so that each
         # process generates alone. (FSDP would gather per forward, a collective: parse_args refuses it without vLLM.)
-        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                                         gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as unwrapped, \
-                torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False), backend:
+        gathered = unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                               gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                               gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
+        with gathered as unwrapped, torch.no_grad(), backend, \
+                self._dist.summon_full_params(self.model_wrapped, recurse=False):
             model = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # LoRA inside
             rollouts = spiral.collect_spiral(
                 model, tokenizer, lambda: queue.pop(0) if queue else self._redraw(), batch_problems=len(problems),
