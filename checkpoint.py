@@ -16,6 +16,7 @@ Plumbing, not SPIRAL: train.py calls these.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import importlib.metadata
@@ -39,8 +40,8 @@ from lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_names, export_adapters
 # lora.replace_dir, lora.export_adapters and save_checkpoint (left behind by a crash).
 # trl_spiral.py's run directories also hold what TRL writes there: checkpoint-N, completions/, runs/ (TensorBoard) and,
 # from its first version, trl/.
-RUN_ENTRY = re.compile(r"(config\.json|metrics\.jsonl|metrics\.png|adapter|base|checkpoint|checkpoint-\d+|completions|runs|"
-                       r"trl)(\.(tmp|tmp-all|old)-\d+)?")
+RUN_ENTRY = re.compile(r"(config\.json|metrics\.jsonl|metrics\.png|adapter|base|checkpoint|checkpoint-\d+|completions|"
+                       r"runs|trl)(\.(tmp|tmp-all|old)-\d+)?")
 CHECKPOINT_ENTRY = re.compile(r"latest(\.tmp-\d+)?|step-\d+(\.old-\d+)?|\.step-\d+\.tmp-\d+")
 STEP_DIR = re.compile(r"step-(\d+)")
 
@@ -147,12 +148,16 @@ def save_checkpoint(out_dir: str, *, model, optimizer, step: int, data_state: di
     name = f"step-{step:06d}"
     tmp = os.path.join(root, f".{name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    export_adapters(model, os.path.join(tmp, "adapter"), base_model_name_or_path)
-    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
-    torch.save(rng_state(np_rng), os.path.join(tmp, "rng.pt"))
-    write_json_atomic(os.path.join(tmp, "trainer_state.json"), {"step": step, "data": data_state, "config": config,
-                                                                "versions": versions(next(model.parameters()).device)})
+    try:
+        os.makedirs(tmp)
+        export_adapters(model, os.path.join(tmp, "adapter"), base_model_name_or_path)
+        torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        torch.save(rng_state(np_rng), os.path.join(tmp, "rng.pt"))
+        state = {"step": step, "data": data_state, "config": config,
+                 "versions": versions(next(model.parameters()).device)}
+        write_json_atomic(os.path.join(tmp, "trainer_state.json"), state)
+    except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
+        raise write_failed(os.path.join(root, name), tmp, exc) from None
     replace_dir(tmp, os.path.join(root, name))
     latest_tmp = os.path.join(root, f"latest.tmp-{os.getpid()}")
     with open(latest_tmp, "w") as f:
@@ -271,6 +276,13 @@ def out_dir_problem(out_dir: str, *, resume: bool, overwrite: bool, keep: dict[s
     what a run writes and none of `keep` (flag -> path: the model it trains, ...). All need write access."""
     if out_dir and os.path.exists(out_dir) and not os.path.isdir(out_dir):
         return f"--out {out_dir} is a file, not a run directory"
+    if out_dir and os.path.islink(out_dir) and not os.path.exists(out_dir):
+        return f"--out {out_dir} is a symbolic link to {os.readlink(out_dir)}, which does not exist"
+    linked = [e for e in ("adapter", "base", "checkpoint", "config.json", "metrics.jsonl", "metrics.png")
+              if resume and os.path.islink(os.path.join(out_dir, e))]
+    if linked:
+        return (f"--out {out_dir}: {linked[0]} is a symbolic link, and a run replaces it with its own; remove the "
+                "link (what it points to is not touched)")
     why = out_path_problem(out_dir)
     if why:
         return f"--out {out_dir!r}: {why}"
@@ -348,31 +360,69 @@ def lock_run_dir(out_dir: str) -> None:
         os.close(old[0])
 
 
+LOCK_MARK = b"evaluate.py lock: one writer per result; removed when that run ends\n"
+
+
 def lock_file(path: str) -> None:
-    """evaluate.py's one writer per result: an exclusive flock on `path` (RESULT.json.lock), deleted by unlock_file.
-    Retried if the file was deleted between open and lock (a finishing run), so two processes never both hold it.
+    """evaluate.py's one writer per result: RESULT.json.lock, a file this process creates (its content LOCK_MARK)
+    and holds an exclusive flock on until unlock_file deletes it. It appears whole and locked at once (a finished
+    temporary file hard-linked into place), so another process never sees it half made. A lock file that is not
+    held (its run was killed) is taken over; any other file at that path is a user's: CheckpointError, untouched.
     The result's folder is created first: `--out runs/eval/r.json` on a fresh clone has no runs/eval yet."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    busy = CheckpointError(f"{path[:-5]} is being written by another evaluate.py (its lock {path} is held); wait "
+                           "for it to finish")
+    foreign = CheckpointError(f"{path} exists and is not an evaluate.py lock file; move it away (evaluate.py neither "
+                              "uses nor deletes a file it did not create)")
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".evaluate-lock-")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else holds it
+        os.write(fd, LOCK_MARK)
+        try:
+            os.link(tmp, path)  # fails if anything is at `path`: never takes a file it did not make
+            made = True
+        except FileExistsError:
+            made = False
+        os.remove(tmp)
+        if made:
+            _LOCKS[os.path.abspath(path)] = (fd, True)
+            return
+        os.close(fd)
+        try:  # something is at `path`: a running evaluate.py's lock, a killed one's, or a user's file
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            continue  # its run finished in between: try again
+        except OSError:  # a symbolic link (O_NOFOLLOW), something unreadable
+            raise foreign from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise CheckpointError(f"{path[:-5]} is being written by another evaluate.py (its lock {path} is held); "
-                                  "wait for it to finish") from None
+            raise busy from None
+        try:
+            ours = os.read(fd, len(LOCK_MARK) + 1) == LOCK_MARK
+        except OSError:  # a directory
+            ours = False
+        if not ours:
+            os.close(fd)
+            raise foreign
         with contextlib.suppress(OSError):
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:  # still that file: a killed run's lock, now ours
                 _LOCKS[os.path.abspath(path)] = (fd, True)
                 return
         os.close(fd)
 
 
 def unlock_file(path: str) -> None:
+    """Delete lock_file's lock file, then release it: deleted while still held, so a process that opened the old
+    file in between finds it gone (or held) and starts over on a new one; never two holders at once."""
     fd, _ = _LOCKS.pop(os.path.abspath(path), (None, False))
-    if fd is not None:
-        os.remove(path)  # while still locked: a process that opened it in between retries on a new file
-        os.close(fd)
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:  # only the file it created
+            os.remove(path)
+    os.close(fd)
 
 
 def unlock_run_dir(out_dir: str) -> None:
@@ -467,10 +517,32 @@ def save_base(out_dir: str, model: str, base_model, tokenizer, in_checkout: str)
     base_path = os.path.join(os.path.abspath(out_dir), "base")
     if not os.path.isdir(base_path):
         tmp = f"{base_path}.tmp-{os.getpid()}"
-        if model == "tiny":
-            base_model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-        else:
-            shutil.copytree(in_checkout, tmp)
+        try:
+            if model == "tiny":
+                base_model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+            else:
+                shutil.copytree(in_checkout, tmp)
+        except (OSError, shutil.Error) as exc:  # shutil.Error: copytree's list of failed files
+            raise write_failed(base_path, tmp, exc) from None
         replace_dir(tmp, base_path)
     return base_path
+
+
+def write_failed(path: str, tmp: str, exc: BaseException) -> CheckpointError:
+    """The one-line error for a write to `path` (through the temporary `tmp`) that failed, after deleting `tmp`:
+    a full disk is named as such (torch.save and copytree do not say it), with the free space measured before the
+    half-written `tmp` is deleted."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        why = str(exc.args[0][0][-1])  # copytree: [(source, destination, reason), ...]
+    else:
+        why = getattr(exc, "strerror", None) or first_line(exc)
+    probe = os.path.abspath(tmp)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    with contextlib.suppress(OSError):
+        free = shutil.disk_usage(probe).free
+        if getattr(exc, "errno", None) == errno.ENOSPC or free < 16 * 2**20:
+            why = f"the disk is full ({free / 2**20:.0f} MiB free)"
+    shutil.rmtree(tmp, ignore_errors=True)
+    return CheckpointError(f"could not write {path}: {why}; nothing half-written was left behind")

@@ -167,7 +167,8 @@ def _check_device_and_model(cfg) -> None:
     if cfg.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", cfg.device):
         raise ConfigError(f"--device {cfg.device}: expected cpu, cuda or cuda:N")
     if cfg.device is not None and cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {cfg.device}: no CUDA GPU found; try --preset tiny")
+        raise ConfigError(f"--device {cfg.device}: no CUDA GPU found; " + (
+            "leave --device out or pass --device cpu" if cfg.preset.startswith("tiny") else "try --preset tiny"))
     if os.path.abspath(cfg.model) == tiny.WARM_START_DIR and not os.path.isfile(f"{tiny.WARM_START_DIR}/config.json"):
         raise ConfigError(f"--model {cfg.model}: the tiny preset's warm start is missing; recreate it with "
                           f"python train.py --preset tiny --warm-start-only --out {tiny.WARM_START_DIR}")
@@ -207,10 +208,9 @@ def warm_start_only(explicit: dict, cpu_threads: int | None) -> int:
     why = checkpoint.out_path_problem(out)
     if why:
         raise ConfigError(f"--out {out!r}: {why}")
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)) \
-            and not os.path.exists(os.path.join(out, "warm_start.json")):
-        raise ConfigError(f"--warm-start-only: {out} exists and is not a warm start (no warm_start.json); refusing "
-                          "to replace it")
+    why = tiny.warm_start_problem(out, "tiny_sums")
+    if why:
+        raise ConfigError(f"--warm-start-only: {why}")
     torch.set_num_threads(cpu_threads or torch.get_num_threads())
     out = tiny.rebuild_warm_start(out, seed=explicit.get("seed", 0))
     print(f"train.py: wrote the warm start to {out}")
@@ -260,6 +260,10 @@ def _resolve_policies(cfg) -> list[dict]:
             raise ConfigError(f"{flag}: expected LABEL=PATH with a label of letters, digits, _ or -")
         if label in (p["label"] for p in policies):
             raise ConfigError(f"{flag}: the label {label!r} is used twice")
+        if not path:
+            raise ConfigError(f"{flag}: the path after '=' is empty")
+        if (Path(path) / "adapter" / "adapter_config.json").is_file():  # a likely slip: the run, not its adapter
+            raise ConfigError(f"{flag}: {path} is a train.py run directory; its adapter is {Path(path) / 'adapter'}")
         adapter = Path(path) if (Path(path) / "adapter_config.json").is_file() else None
         if adapter is None and flag.startswith("--adapter"):
             raise ConfigError(f"{flag}: no adapter_config.json there (expected train.py's adapter directory)")

@@ -164,8 +164,9 @@ class Sampler:
     """Samples one policy's traces for many problems at once, through the cache (note 4)."""
 
     def __init__(self, model, tokenizer, cache: TraceCache, identity: dict, *, tokens_per_call: int,
-                 micro_batch_size: int | None = None, search_adapter=None, aggregation_adapter=None):
+                 micro_batch_size: int | None = None, search_adapter=None, aggregation_adapter=None, label=""):
         self.model, self.tokenizer, self.cache, self.identity = model, tokenizer, cache, identity
+        self.label = f"{label}: " if label else ""  # named in the progress lines
         self.tokens_per_call, self.micro_batch_size = tokens_per_call, micro_batch_size
         self.search_adapter = search_adapter or contextlib.nullcontext  # which LoRA adapter is active (None: base)
         self.aggregation_adapter = aggregation_adapter or self.search_adapter  # two-model variant: phi != theta
@@ -173,8 +174,6 @@ class Sampler:
 
     def _fill(self, jobs: list[tuple[dict, list[str]]], max_new_tokens: int, desc: str) -> list[list[Trace]]:
         """Each job's traces; job = (cache key, the prompt of each trace). The missing ones are generated."""
-        from tqdm.auto import tqdm
-
         unique = {digest(key): (key, prompts) for key, prompts in jobs}  # a repeated problem is one job
         digests, keys, wanted = list(unique), [k for k, _ in unique.values()], [p for _, p in unique.values()]
         # Seeds come from the key without the model's name: a local model's absolute path would make the samples
@@ -185,7 +184,8 @@ class Sampler:
         missing = sum(max(0, len(p) - len(t)) for t, p in zip(traces, wanted))
         # Calls are planned on the whole request, cached or not: a resumed run repeats a cold run's calls exactly.
         calls = plan_calls([len(p) for p in wanted], max(1, self.tokens_per_call // max_new_tokens))
-        with tqdm(total=missing, desc=desc, unit="trace", disable=None if missing else True) as bar:
+        with contextlib.nullcontext() if not missing else figures.Progress(missing, f"{self.label}{desc}",
+                                                                           "traces") as bar:
             for call in calls:
                 todo = [j for j in call if len(traces[j]) < len(wanted[j])]
                 # A job whose cache file was corrupted is drawn again as a cold run drew it: the whole call from
@@ -379,8 +379,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--majority-subsets", type=int, help="k-subsets averaged per majority@k value")
     p.add_argument("--tokens-per-call", type=int, default=2**21,
                    help="traces x max_new_tokens per rollout.generate call; the cache is written after each call")
-    p.add_argument("--generation", choices=rollout.ENGINES, default="hf", help="sampler: hf (transformers generate) "
-                   "or fast (fastgen.py, Qwen3 only)")
+    p.add_argument("--generation", choices=("auto",) + rollout.ENGINES, default="auto",
+                   help="sampler: hf (transformers generate), fast (fastgen.py, Qwen3 only) or auto (fast on a GPU "
+                   "where it applies, else hf)")
     p.add_argument("--max-prompt-tokens", type=int, default=4096,
                    help="drop problems whose search prompt is longer, with a line saying so (train.py: 1024)")
     p.add_argument("--micro-batch-size", type=int,
@@ -402,8 +403,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 # 4. Policies and main
 
 
-def policy_identity(policy: dict, cfg, dtype) -> dict:
-    """What the cache keys traces by: model, adapter (hash of its files), seed, sampling settings and dtype."""
+def policy_identity(policy: dict, cfg, dtype, engine: str = "hf") -> dict:
+    """What the cache keys traces by: model, adapter (hash of its files), seed, sampling settings, dtype and the
+    engine that samples them."""
     model, adapter = policy["model"], None
     if policy["adapter"]:  # the adapter's bytes, so a retrained adapter in the same directory is a new policy
         h = hashlib.sha256()
@@ -413,7 +415,7 @@ def policy_identity(policy: dict, cfg, dtype) -> dict:
         adapter = h.hexdigest()
     return {"format": 3, "model": model, "adapter": adapter, "seed": cfg.seed, "temperature": cfg.temperature,
             "dtype": str(dtype).removeprefix("torch."),
-            **({"generation": "fast"} if getattr(cfg, "generation", "hf") == "fast" else {})}  # hf: keys as before
+            **({"generation": "fast"} if engine == "fast" else {})}  # hf: keys as before
 
 
 def load_policies(cfg) -> dict[str, dict]:
@@ -434,7 +436,8 @@ def load_policies(cfg) -> dict[str, dict]:
             model = model.eval()
             if getattr(cfg, "generation", "hf") == "fast" and rollout.fastgen.supports(model):
                 raise UsageError(f"--generation fast: {rollout.fastgen.supports(model)}")
-            model.generation_engine = getattr(cfg, "generation", "hf")  # rollout.generate's engine for this model
+            # auto: per model (a Qwen3 on CUDA samples fast); the cache keys traces by the engine that drew them
+            model.generation_engine = rollout.resolve_engine(getattr(cfg, "generation", "hf"), model)
             bases[name] = model, tokenizer, model.get_input_embeddings().weight.dtype
         model, tokenizer, dtype = bases[name]
         search = aggregation = lambda m=model: use_adapter(m, None)  # noqa: E731
@@ -455,7 +458,7 @@ def load_policies(cfg) -> dict[str, dict]:
             search = lambda m=model, a=adapters[0][0]: use_adapter(m, a)  # noqa: E731
             aggregation = lambda m=model, a=adapters[-1][0]: use_adapter(m, a)  # noqa: E731
         loaded[label] = {"model": model, "tokenizer": tokenizer, "search_adapter": search,
-                         "aggregation_adapter": aggregation, "identity": policy_identity(policy, cfg, dtype)}
+                         "aggregation_adapter": aggregation, "identity": policy_identity(policy, cfg, dtype, model.generation_engine)}
     return loaded
 
 
@@ -483,7 +486,8 @@ def run(cfg) -> int:
     for label, pol in policies.items():
         sampler = Sampler(pol["model"], pol["tokenizer"], cache, pol["identity"], tokens_per_call=cfg.tokens_per_call,
                           micro_batch_size=cfg.micro_batch_size, search_adapter=pol["search_adapter"],
-                          aggregation_adapter=pol["aggregation_adapter"])
+                          aggregation_adapter=pol["aggregation_adapter"],
+                          label=f"policy {label} ({len(results) + 1} of {len(policies)})")
         before = grader.grader_stats()
         try:
             records = evaluate_policy(problems, sampler, cfg)

@@ -7,7 +7,6 @@ all the numbers.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -110,6 +109,92 @@ class StepBar:
         self.bar.close()
 
 
+_LAST_PROGRESS_LINE = {"at": None}  # time.monotonic() of the last line any Progress printed (or of the first start)
+
+
+class Progress:
+    """Progress of a long stage, on a terminal and in a log file alike: a tqdm bar when `stream` (default stderr)
+    is a terminal; otherwise plain lines, "DESC: 120/800 traces (15%), 1:20 elapsed, about 7:30 left", at most one
+    per `every_s` seconds across all the stages of a process (so a run of many short stages reports on the one under
+    way), also while one long call runs (`heartbeat`: a timer thread), and a last one at the end of a stage that
+    printed; a short run prints nothing. (A redirected tqdm bar prints nothing, or one endless line of \\r.)"""
+
+    def __init__(self, total: int, desc: str, unit: str = "", *, every_s: float = 30.0, stream=None, clock=None,
+                 heartbeat: bool = True, shared: bool | None = None):
+        import threading
+        import time
+
+        self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
+        self.stream = stream if stream is not None else sys.stderr
+        self.shared = clock is None if shared is None else shared  # the every_s spacing holds across stages
+        self.clock = clock or time.monotonic
+        self.done, self.start, self.note = 0, self.clock(), ""
+        self.last_line, self.lines, self.printed_done = self.start, 0, None
+        if self.shared and _LAST_PROGRESS_LINE["at"] is None:
+            _LAST_PROGRESS_LINE["at"] = self.start
+        self.bar, self.lock, self.stopped = None, threading.Lock(), threading.Event()
+        if getattr(self.stream, "isatty", lambda: False)():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit=f" {unit}" if unit else "it", file=self.stream,
+                            dynamic_ncols=True)
+        elif heartbeat and every_s > 0:
+            threading.Thread(target=self._beat, daemon=True).start()
+
+    def _due(self) -> bool:
+        last = _LAST_PROGRESS_LINE["at"] if self.shared else self.last_line
+        return self.clock() - last >= self.every_s
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(min(1.0, self.every_s)):
+            with self.lock:
+                if not self.stopped.is_set() and self._due():
+                    self._line()
+
+    def _line(self) -> None:
+        def clock_text(seconds: float) -> str:
+            minutes, seconds = divmod(int(seconds), 60)
+            return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}" if minutes >= 60 else f"{minutes}:{seconds:02d}"
+
+        elapsed = self.clock() - self.start
+        text = f"{self.desc}: {self.done}/{self.total}{' ' + self.unit if self.unit else ''}"
+        if self.total:
+            text += f" ({100 * self.done / self.total:.0f}%)"
+        text += f", {self.note}" if self.note else ""
+        text += f", {clock_text(elapsed)} elapsed"
+        if 0 < self.done < self.total:
+            text += f", about {clock_text(elapsed * (self.total - self.done) / self.done)} left"
+        print(text, file=self.stream, flush=True)
+        self.last_line, self.lines, self.printed_done = self.clock(), self.lines + 1, self.done
+        if self.shared:
+            _LAST_PROGRESS_LINE["at"] = self.last_line
+
+    def update(self, n: int = 1, note: str = "") -> None:
+        """n more done; `note` (a loss, say) is shown after the count from now on."""
+        with self.lock:
+            self.done, self.note = self.done + n, note or self.note
+            if self.bar is not None:
+                if note:
+                    self.bar.set_postfix_str(note, refresh=False)
+                self.bar.update(n)
+            elif self._due():
+                self._line()
+
+    def close(self) -> None:
+        self.stopped.set()
+        with self.lock:
+            if self.bar is not None:
+                self.bar.close()
+            elif self.lines and self.printed_done != self.done:  # the last line of a stage that printed
+                self._line()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def dashboard_series(rows: list[dict]) -> list[tuple[str, list[tuple[str, list, list]]]]:
     """[(panel title, [(legend label, steps, values)])]: what the dashboard draws, for the keys the rows have."""
     panels = []
@@ -164,6 +249,48 @@ def plot_training(metrics_path: str, png_path: str) -> bool:
         return False
     fig.savefig(png_path, dpi=100)
     import matplotlib.pyplot as plt
+    plt.close(fig)
+    return True
+
+
+# The seeds figure of benchmarks/reproduce.py: (panel title, [(metrics.jsonl key, legend label)])
+SEED_PANELS = [("accuracy (mean reward)", [("search_accuracy", "search"), ("aggregation_accuracy", "aggregation"),
+                                           ("accuracy", "")]),
+               ("token entropy of the traces (nats)", [("rollout/entropy_search", "search"),
+                                                        ("rollout/entropy_grpo", "")])]
+
+
+def plot_seed_curves(runs: dict[str, list[list[dict]]], path: str, title: str = "") -> bool:
+    """Training curves over seeds ({algorithm label: [each seed's metrics rows]}): per metric the mean over seeds
+    (a line) and their range (a band), each smoothed over 5 steps. False (after a notice) without matplotlib."""
+    plt = _pyplot("reproduce.py")
+    if plt is None:
+        return False
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(SEED_PANELS), figsize=(13, 4.2), squeeze=False)
+    colours = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    for name, seeds in runs.items():
+        steps = min(len(rows) for rows in seeds)
+        for ax, (_, series) in zip(axes.flat, SEED_PANELS):
+            for key, what in series:
+                if not all(isinstance(r.get(key), (int, float)) for rows in seeds for r in rows[:steps]):
+                    continue
+                window = min(5, steps)
+                smooth = lambda y: np.convolve(y, np.ones(window) / window, mode="valid")  # noqa: E731
+                values_S_T = np.array([smooth([r[key] for r in rows[:steps]]) for rows in seeds])  # (seeds, T)
+                x = np.arange(values_S_T.shape[1]) + (window + 1) / 2  # the middle step of each window
+                colour = next(colours)
+                label = f"{name} {what}".strip()
+                ax.plot(x, values_S_T.mean(0), color=colour, label=label)
+                ax.fill_between(x, values_S_T.min(0), values_S_T.max(0), color=colour, alpha=0.2)
+    for ax, (panel, _) in zip(axes.flat, SEED_PANELS):
+        ax.set(title=panel, xlabel="step (5-step mean)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title + "  (line: mean over seeds, band: min to max)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
 
@@ -268,3 +395,11 @@ def evaluation_table(summaries: dict[str, dict]) -> str:
             cells = [xv, budget, *(v for c in curve_of.values() for v in (c[y][i], c["tokens"][i]))]
             lines.append("  ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{v:>14}" for v in cells))
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    print("figures.py: error: a library that train.py and evaluate.py use; nothing to run here (--help: what it holds)", file=sys.stderr)
+    sys.exit(2)

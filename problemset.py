@@ -80,6 +80,19 @@ def _json_int(text: str) -> int:
     return int(text)
 
 
+def _text_lines(f, path: str):
+    """(line number, line) of a file opened in binary, each line at most MAX_LINE_BYTES + 1 bytes; bytes that are
+    not UTF-8 are a ProblemFileError naming their line (a binary file given as --data)."""
+    for line_number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
+        if len(raw) > MAX_LINE_BYTES:
+            raise ProblemFileError(f"{path}, line {line_number}: longer than {MAX_LINE_BYTES:,} bytes")
+        try:
+            yield line_number, raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProblemFileError(f"{path}, line {line_number}: not UTF-8 text (expected JSONL, one JSON object "
+                                   "per line)") from None
+
+
 def _read_jsonl(path: str) -> list[Problem]:
     # Checked before open(): a FIFO would block open() forever, /dev/zero would be read until memory runs out.
     info = os.stat(path)
@@ -87,11 +100,15 @@ def _read_jsonl(path: str) -> list[Problem]:
         raise ProblemFileError(f"{path}: not a regular file (a device, FIFO or directory)")
     if info.st_size > MAX_PROBLEM_FILE_BYTES:
         raise ProblemFileError(f"{path}: {info.st_size:,} bytes, more than {MAX_PROBLEM_FILE_BYTES:,}")
+    with open(path, "rb") as f:
+        if f.read(4) == b"PAR1":  # verl's data files are Parquet
+            raise ProblemFileError(f"{path}: a Parquet file, not JSONL (one JSON object with 'problem' and 'answer' "
+                                   "per line); convert it with pandas: python -c \"import pandas; pandas.read_parquet("
+                                   f"'{path}').to_json('{os.path.splitext(path)[0]}.jsonl', orient='records', "
+                                   "lines=True)\"")
     problems = []
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), ""), start=1):
-            if len(line) > MAX_LINE_BYTES:
-                raise ProblemFileError(f"{path}, line {line_number}: longer than {MAX_LINE_BYTES:,} characters")
+    with open(path, "rb") as f:
+        for line_number, line in _text_lines(f, path):
             if not line.strip():
                 continue
             try:

@@ -31,6 +31,14 @@ DEFAULT_MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 ENGINES = ("hf", "fast")  # generate's samplers: Hugging Face generate (the reference), fastgen.py
 
 
+def resolve_engine(engine: str, model) -> str:
+    """The sampler for `engine`: "auto" is "fast" on CUDA when fastgen runs the model (measured faster there and
+    checked against teacher forcing on an H100: benchmarks/README.md), else "hf", the reference."""
+    if engine != "auto":
+        return engine
+    return "fast" if model.device.type == "cuda" and not fastgen.supports(model) else "hf"
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # 1. Prompts (paper appendix, word for word)
 
@@ -189,12 +197,13 @@ def kv_token_budget(config, free_bytes: int, headroom_bytes: int, dtype: torch.d
 
 def generation_token_budget(model) -> int:
     """kv_token_budget on the model's CUDA device: free memory (the driver's, plus what PyTorch's allocator holds
-    unused) minus max(HEADROOM_MIN_BYTES, HEADROOM_FRACTION x total). Not on CUDA: DEFAULT_TOKENS_PER_MICRO_BATCH."""
+    unused, plus fastgen's KV arena, which the next call reuses) minus max(HEADROOM_MIN_BYTES, HEADROOM_FRACTION x
+    total). Not on CUDA: DEFAULT_TOKENS_PER_MICRO_BATCH."""
     device = model.device
     if device.type != "cuda":
         return DEFAULT_TOKENS_PER_MICRO_BATCH
     free, total = torch.cuda.mem_get_info(device)
-    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) + fastgen.held_bytes(device)
     headroom = max(HEADROOM_MIN_BYTES, int(HEADROOM_FRACTION * total))
     return kv_token_budget(model.config, free, headroom, model.dtype)
 
@@ -242,10 +251,11 @@ def generate(
     sampler's log-prob of the sampled token and the entropy of the distribution it came from. A completion is cut
     after its first EOS (by position); `truncated`: no EOS within max_new_tokens. Micro-batches: left-padded, at
     most `micro_batch_size` sequences, by default as many as fit `tokens_per_micro_batch` (prompt + completion)
-    tokens of KV cache (default `generation_token_budget(model)`). share_prefix: the copies of a prompt share one
+    tokens of KV cache (default `generation_token_budget(model)`; engine="fast" stores a prompt once for all its
+    copies, `fastgen.rows_per_call`). share_prefix: the copies of a prompt share one
     prefill (`_prefill_shared_prefix`; falls back to a prefill per copy if the cache cannot be repeated).
-    engine: "hf" (Hugging Face `generate`, the readable reference) or "fast" (fastgen.py: Qwen3 only, always one
-    prefill per prompt, a static KV cache, a compiled decode step on CUDA); None: model.generation_engine if set,
+    engine: "hf" (Hugging Face `generate`, the readable reference) or "fast" (fastgen.py: Qwen3 only, each prompt's
+    KV stored once for its copies, cascade attention, CUDA graphs on CUDA); None: model.generation_engine if set,
     else "hf". Both return the same kind of Completions, with the sampler's own log-probs.
     """
     if samples_per_prompt < 1 or max_new_tokens < 1 or not temperature > 0:
@@ -261,7 +271,8 @@ def generate(
     if micro_batch_size is None:
         longest = max((len(ids) for ids in prompt_ids_P), default=0)
         budget = tokens_per_micro_batch or generation_token_budget(model)
-        micro_batch_size = max(1, budget // (longest + max_new_tokens))
+        micro_batch_size = (fastgen.rows_per_call(budget, longest, samples_per_prompt, max_new_tokens)
+                            if engine == "fast" else max(1, budget // (longest + max_new_tokens)))
     calls = _plan_micro_batches([len(ids) for ids in prompt_ids_P], samples_per_prompt, micro_batch_size)
     if progress:
         from tqdm.auto import tqdm

@@ -20,6 +20,7 @@ import hashlib
 import itertools
 import json
 import math
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -152,3 +153,11 @@ def recursive_self_aggregation(runs: list[tuple[str, int]], *, set_size: int, st
         for history, sets_P_k, traces in zip(histories, sets_R, aggregate(t, prompts_R)):
             history.append(RSAStep(t, sets_P_k.tolist(), traces))
     return histories
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    print("testtime.py: error: a library that evaluate.py uses; nothing to run here (--help: what it holds)", file=sys.stderr)
+    sys.exit(2)

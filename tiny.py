@@ -8,10 +8,12 @@ real reward; the warm start imitates a noisy solver so that a set of traces hold
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -217,17 +219,56 @@ def save_warm_start(model, tokenizer, out_dir: str, recipe: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
     tmp = f"{os.path.abspath(out_dir)}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    write_json_atomic(os.path.join(tmp, "warm_start.json"), {"recipe": recipe})
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        write_json_atomic(os.path.join(tmp, "warm_start.json"), {"recipe": recipe})
+    except BaseException:  # a full disk, Ctrl-C: out_dir stays as it was, and no half-written copy fills the disk
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     replace_dir(tmp, out_dir)
 
 
+# What save_warm_start writes (save_pretrained's names across transformers 5.x, and warm_start.json).
+WARM_START_FILES = {"chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
+                    "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "warm_start.json"}
+
+
+def warm_start_problem(out_dir: str, task: str) -> str | None:
+    """Why a warm start of `task` ("tiny_sums" here, "tiny_parts" for tiny_parts.py) may not be written to out_dir,
+    or None. Allowed: an absent or empty directory, or a warm start of the same task holding only what
+    save_warm_start writes. Refused: anything else, including the other task's warm start (tiny_parts.py's base is
+    the sums one) and a run's base/ (its adapters were trained on those very weights)."""
+    if not os.path.lexists(out_dir) or (os.path.isdir(out_dir) and not os.path.islink(out_dir)
+                                        and not os.listdir(out_dir)):
+        return None
+    if os.path.islink(out_dir):
+        return f"{out_dir} is a symbolic link; name the directory itself"
+    if not os.path.isdir(out_dir):
+        return f"{out_dir} is a file, not a warm-start directory"
+    try:
+        with open(os.path.join(out_dir, "warm_start.json"), encoding="utf-8") as f:
+            recipe = json.load(f)["recipe"]
+        found = recipe.get("task", "tiny_sums")  # the sums warm start predates the "task" field
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"{out_dir} exists and is not a warm start (no readable warm_start.json); refusing to replace it"
+    if found != task:
+        return f"{out_dir} holds the {found} warm start, not a {task} one; refusing to replace it"
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    if os.path.basename(os.path.abspath(out_dir)) == "base" and os.path.isfile(os.path.join(parent, "config.json")):
+        return f"{out_dir} is the base model of the run in {parent}; refusing to replace it"
+    foreign = sorted(set(os.listdir(out_dir)) - WARM_START_FILES)
+    if foreign:
+        return f"{out_dir} holds {foreign[0]}, which a warm start does not write; refusing to replace it"
+    return None
+
+
 def rebuild_warm_start(out_dir: str = WARM_START_DIR, seed: int = 0) -> str:
-    """warm_start into `out_dir`, refusing (FileExistsError) to replace a non-empty directory that is not a warm start."""
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)) \
-            and not os.path.exists(os.path.join(out_dir, "warm_start.json")):
-        raise FileExistsError(f"{out_dir} exists and is not a warm start (no warm_start.json); refusing to replace it")
+    """warm_start into `out_dir`; FileExistsError (warm_start_problem's reason) if that would replace anything but
+    a sums warm start."""
+    why = warm_start_problem(out_dir, "tiny_sums")
+    if why:
+        raise FileExistsError(why)
     warm_start(out_dir, seed=seed)
     return out_dir
 
@@ -235,3 +276,12 @@ def rebuild_warm_start(out_dir: str = WARM_START_DIR, seed: int = 0) -> str:
 # rollout.load_policy("tiny") and problemset.load_problems("tiny_sums") find these here (rollout never imports tiny).
 rollout.CODE_BUILT_POLICIES["tiny"] = load_tiny_policy
 problemset.CODE_BUILT_PROBLEMS["tiny_sums"] = tiny_sum_problems
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    print("tiny.py: error: a library that train.py --preset tiny uses; nothing to run here (--help: what it holds)",
+          file=sys.stderr)
+    sys.exit(2)

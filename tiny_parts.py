@@ -12,7 +12,7 @@ Same world as tiny.py (tokenizer, 0.9M-parameter Qwen3, the paper's prompts and 
 token, so a part is a token. Problems: PROBLEMS_FILE (1,000 problems, written by `write_problems`). Rebuild both
 shipped files byte-identically with
 
-    python tiny_parts.py            # data/tiny_parts.jsonl and data/tiny_parts_warmstart/ (minutes on 2 cores)
+    python tiny_parts.py --out data/tiny_parts_warmstart   # and data/tiny_parts.jsonl (14-20 min on 2 cores)
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import tiny
 from logprobs import TokenBatch, completion_logprobs
 from problemset import DATA_DIR, Problem
 from rollout import aggregation_prompt, chat_prompt_ids, search_prompt
+from figures import Progress
 from tiny import _SFTExample, build_tiny_model, build_tiny_tokenizer
 
 DIGITS = 3  # parts per problem
@@ -106,6 +107,38 @@ def plurality_parts(answers: list[str], rng: np.random.Generator) -> str:
     return "".join(out)
 
 
+def training_example(rng: np.random.Generator, p_digit: float, aggregation_fraction: float,
+                     set_size: int) -> tuple[bool, str, str, str]:
+    """One warm-start example on a fresh random problem: (is an aggregation example, problem, prompt, target answer).
+
+    Search (probability 1 - aggregation_fraction): the Search Trace Prompt, target noisy_parts_answer. Aggregation:
+    the Aggregation Trace Prompt over `set_size` noisy candidates, target their per-digit plurality (plurality_parts):
+    the aggregator learns to read its candidates part by part. The completion is parts_trace(problem, target)."""
+    p = random_parts_problem(rng)
+    if rng.random() < aggregation_fraction:
+        answers = [noisy_parts_answer(p.answer, rng, p_digit) for _ in range(set_size)]
+        return True, p.problem, aggregation_prompt(p.problem, [parts_trace(p.problem, a) for a in answers]), \
+            plurality_parts(answers, rng)
+    return False, p.problem, search_prompt(p.problem), noisy_parts_answer(p.answer, rng, p_digit)
+
+
+def sft_backward(model, examples: list[tuple[bool, _SFTExample]], pad_token_id: int) -> float:
+    """The warm start's loss, mean token cross-entropy over the whole batch, -sum_tokens log pi / (tokens in the
+    batch), backpropagated into model's .grad; returns its value. Search and aggregation examples go through
+    separate forward passes (padding a 14-token search prompt to an aggregation prompt's length would double the
+    cost), each part divided by the batch's token count, so the sum is the one-pass loss."""
+    tokens = sum(len(e.completion_ids) for _, e in examples)
+    loss = 0.0
+    for role in (False, True):
+        of_role = [e for aggregation, e in examples if aggregation == role]
+        if of_role:
+            batch = TokenBatch.from_samples(of_role, pad_token_id, "cpu")
+            part = -completion_logprobs(model, batch)[0].sum() / tokens  # (N,) log-probs of every completion token
+            part.backward()
+            loss += part.item()
+    return loss
+
+
 def build_parts_tokenizer():
     """tiny.build_tiny_tokenizer with every digit a pre-token of its own, so a part is one token and the model can
     copy a digit from a candidate by position (the tiny tokenizer merges digit runs: "352" -> "35", "2")."""
@@ -131,8 +164,6 @@ def warm_start(out_dir: str = WARM_START_DIR, *, steps: int = 400, batch_size: i
     Optimiser and schedule as tiny.warm_start. Deterministic for a seed on one machine and torch version. Writes a
     save_pretrained directory (~4 MB) to `out_dir` and returns (model, tokenizer).
     """
-    from tqdm.auto import tqdm
-
     rng = np.random.default_rng(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -148,43 +179,25 @@ def warm_start(out_dir: str = WARM_START_DIR, *, steps: int = 400, batch_size: i
 
         def example() -> tuple[bool, _SFTExample]:
             """(is an aggregation example, the example)"""
-            p = random_parts_problem(rng)
-            aggregation = rng.random() < aggregation_fraction
-            if aggregation:
-                answers = [noisy_parts_answer(p.answer, rng, p_digit) for _ in range(set_size)]
-                prompt = aggregation_prompt(p.problem, [parts_trace(p.problem, a) for a in answers])
-                target = plurality_parts(answers, rng)
-            else:
-                prompt, target = search_prompt(p.problem), noisy_parts_answer(p.answer, rng, p_digit)
-            completion = tokenizer(parts_trace(p.problem, target), add_special_tokens=False)["input_ids"] + [eos]
+            aggregation, problem, prompt, target = training_example(rng, p_digit, aggregation_fraction, set_size)
+            completion = tokenizer(parts_trace(problem, target), add_special_tokens=False)["input_ids"] + [eos]
             return aggregation, _SFTExample(chat_prompt_ids(tokenizer, prompt), completion)
-
-        def loss_of(examples: list[_SFTExample]) -> torch.Tensor:
-            batch = TokenBatch.from_samples(examples, tokenizer.pad_token_id, "cpu")
-            return -completion_logprobs(model, batch)[0].sum()  # (N,) log-probs of every completion token
 
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-        bar = tqdm(range(1, steps + 1), desc="warm start", disable=not progress, dynamic_ncols=True)
-        for step in bar:
+        progress = Progress(steps, "tiny_parts.py: warm start", "steps") if progress else None
+        for step in range(1, steps + 1):
             scale = min(1.0, step / warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
             for group in optimizer.param_groups:
                 group["lr"] = lr * scale
-            examples = [example() for _ in range(batch_size)]
-            # Short search and long aggregation examples in separate forward passes: padding search examples to the
-            # aggregation prompts' length would double the cost. Same mean token cross-entropy over the batch.
-            tokens = sum(len(e.completion_ids) for _, e in examples)
             optimizer.zero_grad(set_to_none=True)
-            loss = 0.0
-            for role in (False, True):
-                of_role = [e for aggregation, e in examples if aggregation == role]
-                if of_role:
-                    part = loss_of(of_role) / tokens
-                    part.backward()
-                    loss += part.item()
+            loss = sft_backward(model, [example() for _ in range(batch_size)], tokenizer.pad_token_id)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            bar.set_postfix(loss=f"{loss:.3f}")
+            if progress:
+                progress.update(note=f"loss {loss:.3f}")
+        if progress:
+            progress.close()
     model.eval()
     tiny.save_warm_start(model, tokenizer, out_dir, dict(
         task="tiny_parts", steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, p_digit=p_digit,
@@ -232,33 +245,62 @@ def measure(model, tokenizer, problems: list[Problem], *, samples: int = 8, set_
         ("aggregation", aggregation)]}
 
 
+def problems_file_problem(path: str = PROBLEMS_FILE) -> str | None:
+    """Why write_problems may not write `path`, or None: it is absent, or already holds exactly the generator's
+    output (rewritten byte for byte). A file that differs (edited, or another version's) is a user's: refused."""
+    if not os.path.lexists(path):
+        return None
+    expected = "".join(json.dumps({"problem": p.problem, "answer": p.answer, "id": p.id}) + "\n"
+                       for p in parts_problems())
+    try:
+        with open(path, encoding="utf-8") as f:
+            same = f.read() == expected
+    except (OSError, UnicodeDecodeError):
+        same = False
+    return None if same else f"{path} differs from the generator's problems; move it away to rebuild it"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """python tiny_parts.py [--out DIR] [--seed S] [--threads T]: rebuild the problems file and the warm start."""
+    """Rebuild the task's problems file (data/tiny_parts.jsonl) and a warm start into --out. Every output is checked
+    before the 14-20 minute warm start: --out must be new, empty or a tiny_parts warm start (the shipped one is
+    replaced only when named), and the problems file absent or the generator's own."""
     class Parser(argparse.ArgumentParser):
         def error(self, message):  # one line, exit code 2, no usage block
             print(f"tiny_parts.py: error: {message}", file=sys.stderr)
             sys.exit(2)
 
-    parser = Parser(prog="tiny_parts.py", description=main.__doc__)
-    parser.add_argument("--out", default=WARM_START_DIR, help="warm-start directory (default: the shipped one)")
+    parser = Parser(prog="tiny_parts.py", description=main.__doc__.splitlines()[0],
+                    epilog=f"rebuild the shipped files: python tiny_parts.py --out {os.path.relpath(WARM_START_DIR)}")
+    parser.add_argument("--out", required=True,
+                        help=f"warm-start directory (the shipped one: {os.path.relpath(WARM_START_DIR)})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1, as the shipped warm start was built: the bytes depend on it)")
     args = parser.parse_args(argv)
-    out = args.out
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)) \
-            and not os.path.exists(os.path.join(out, "warm_start.json")):
-        print(f"tiny_parts.py: error: {out} exists and is not a warm start (no warm_start.json); refusing to "
-              "replace it", file=sys.stderr)
+    from checkpoint import out_path_problem
+
+    why = out_path_problem(args.out)
+    why = f"--out {args.out!r}: {why}" if why else tiny.warm_start_problem(args.out, "tiny_parts")
+    why = why or problems_file_problem(PROBLEMS_FILE)
+    if not why and not 0 <= args.seed < 2**32:
+        why = "--seed must be in [0, 2**32)"
+    if not why and not 1 <= args.threads <= (os.cpu_count() or 1):
+        why = f"--threads must be between 1 and {os.cpu_count() or 1} (the CPUs)"
+    if why:
+        print(f"tiny_parts.py: error: {why}", file=sys.stderr)
         return 2
-    if not 0 <= args.seed < 2**32 or (args.threads is not None and args.threads < 1):
-        print("tiny_parts.py: error: --seed must be in [0, 2**32) and --threads positive", file=sys.stderr)
-        return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"tiny_parts.py: wrote {write_problems()}")
-    warm_start(out, seed=args.seed)
-    print(f"tiny_parts.py: wrote the warm start to {out}")
+    torch.set_num_threads(args.threads)
+    print(f"tiny_parts.py: wrote {write_problems(PROBLEMS_FILE)}")
+    try:
+        warm_start(args.out, seed=args.seed)
+    except KeyboardInterrupt:
+        print("tiny_parts.py: interrupted; nothing was written to --out", file=sys.stderr)
+        return 130
+    except OSError as e:  # a full disk while saving: save_warm_start leaves --out as it was
+        print(f"tiny_parts.py: error: could not write the warm start to {args.out}: {e.strerror or e}",
+              file=sys.stderr)
+        return 1
+    print(f"tiny_parts.py: wrote the warm start to {args.out}")
     return 0
 
 

@@ -106,8 +106,9 @@ class TrainConfig:
                                                  "the GPU's free memory minus a headroom; CPU: 131,072)")
     dtype: Literal["auto", "bfloat16", "float32"] = option("auto", "model weights and activations (auto: bfloat16 "
                                                            "on a GPU, float32 on a CPU); LoRA weights stay float32")
-    generation: Literal["hf", "fast"] = option("hf", "sampler: hf (transformers generate, the reference) or fast "
-                                               "(fastgen.py: static KV cache, CUDA graphs; Qwen3 only)")
+    generation: Literal["auto", "hf", "fast"] = option("auto", "sampler: hf (transformers generate, the reference), "
+                                                       "fast (fastgen.py: cascade KV cache, CUDA graphs; Qwen3 "
+                                                       "only) or auto (fast on a GPU where it applies, else hf)")
     gradient_checkpointing: bool = option(True, "recompute decoder-layer activations in the backward pass")
     device: str | None = option(None, "cuda or cpu (default: cuda if available)")
     cpu_threads: int | None = option(None, "torch threads on a CPU (default: torch's choice; tiny: 1)")
@@ -318,6 +319,7 @@ def train(cfg: TrainConfig, problems) -> None:
         with torch.no_grad():  # Algorithm 1, lines 1-13: search, sets, aggregation, rewards, advantages
             rollouts = collect(cfg, model, tokenizer, bar.counting(stream), np_rng)
         t1 = time.perf_counter()
+        fastgen.release()  # the fast sampler's KV arena goes back to the learner (no-op for the hf engine)
         bar.stage("gradient")
         # Algorithm 1, lines 14-18: g = (1/|B|) sum_x [g_set(x) + g_std(x)], then one AdamW step along it.
         C = loss_normalizer(cfg, rollouts.metrics["problems_kept"])
@@ -368,6 +370,7 @@ def start_run(cfg: TrainConfig, problems):
         raise ConfigError(f"--model {cfg.model}: cannot load it ({checkpoint.first_line(exc)})") from exc
     if cfg.generation == "fast" and fastgen.supports(model):
         raise ConfigError(f"--generation fast: {fastgen.supports(model)}")
+    cfg.generation = rollout.resolve_engine(cfg.generation, model)  # config.json records the sampler used
     model.generation_engine = cfg.generation  # every rollout.generate call of the run (spiral.py's included)
     prompt_lengths = [len(rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(p.problem))) for p in problems]
     kept = [p for p, n in zip(problems, prompt_lengths) if n <= cfg.max_prompt_tokens]

@@ -1,24 +1,28 @@
-"""Regenerate every figure and table of the README's CPU demo, with the README's own commands.
+"""Regenerate the README's CPU-demo figures and tables over several seeds, with the README's own commands.
 
-    python benchmarks/reproduce.py            # from the repository root; ~6 minutes on 2 idle cores; needs matplotlib
+    python benchmarks/reproduce.py                   # seeds 0-4; writes runs/reproduce/report.md (~25 min, 2 cores)
+    python benchmarks/reproduce.py --update-readme   # the same, then rewrites the README's blocks and figures
 
-Runs, in order, each command exactly as the README writes it (plus --overwrite, so a rerun replaces its own runs,
-and a fresh evaluation cache, so nothing is read from an earlier evaluation):
-    python train.py --preset tiny                  -> runs/tiny-spiral (metrics.jsonl, metrics.png, adapter/)
-    python train.py --preset tiny --algo grpo      -> runs/tiny-grpo
-    python evaluate.py --preset tiny --limit 100 --policy base=data/tiny_warmstart --policy grpo=runs/tiny-grpo/adapter
-        --policy spiral=runs/tiny-spiral/adapter --out runs/eval/tiny-comparison.json
-then rewrites:
-    benchmarks/tiny_metrics.png      the SPIRAL run's dashboard (runs/tiny-spiral/metrics.png)
-    benchmarks/tiny_comparison.png   evaluate.py's figure (runs/eval/tiny-comparison.png)
-    README.md, between its "<!-- reproduce.py: NAME -->" and "<!-- /reproduce.py -->" markers: `demo` (the first and
-        last 10% of steps of both runs), `comparison` (the side-by-side table), `provenance` (date, versions, times).
-Nothing else in the README changes, so prose quotes no number that these blocks hold. The runs are deterministic:
-the same versions (constraints.txt) give the same tables; tests/test_fingerprint.py catches a drift in CI.
+Training is deterministic on one machine but not across machines (floating-point differences that 100 RL steps
+amplify), so every figure that comes from training is reported over seeds as mean ± sample sd [min, max]; the
+warm start's evaluation involves no training and is the same on every run. It runs, from the repository root:
+    python train.py --preset tiny --seed S --out RUNS/tiny-spiral-sS               for S in --seeds
+    python train.py --preset tiny --algo grpo --seed S --out RUNS/tiny-grpo-sS
+    python evaluate.py --preset tiny --limit 100 --policy base=data/tiny_warmstart --policy grpo-sS=RUNS/...
+        --policy spiral-sS=RUNS/... --out RUNS/eval/comparison.json --cache-dir (a fresh temporary folder)
+A run already in RUNS with the same settings and all its steps is reused, one stopped part-way is resumed, and one
+with other settings stops the script before anything runs (--overwrite trains it again; see benchmarks/runner.py).
+
+Writes in RUNS (--runs-dir, default runs/reproduce): report.md (the tables and how they were made), seeds.png
+(training curves, mean and range over seeds), eval/comparison.json and .png (evaluate.py's figure of the means).
+--update-readme also rewrites README.md between its "<!-- reproduce.py: NAME -->" and "<!-- /reproduce.py -->"
+markers (demo, comparison, provenance) and benchmarks/tiny_seeds.png, tiny_comparison.png and tiny_metrics.png
+(seed 0's dashboard). Nothing else is written; every output is checked before the first run starts.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -28,98 +32,211 @@ import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import checkpoint  # noqa: E402
 import figures  # noqa: E402
+import runner  # noqa: E402
 
-TRAIN = {"spiral": ["train.py", "--preset", "tiny"], "grpo": ["train.py", "--preset", "tiny", "--algo", "grpo"]}
-EVALUATE = ["evaluate.py", "--preset", "tiny", "--limit", "100", "--policy", "base=data/tiny_warmstart",
-            "--policy", "grpo=runs/tiny-grpo/adapter", "--policy", "spiral=runs/tiny-spiral/adapter",
-            "--out", "runs/eval/tiny-comparison.json"]
+ALGOS = {"spiral": ["--preset", "tiny"], "grpo": ["--preset", "tiny", "--algo", "grpo"]}
 LABELS = {"base": "warm start", "grpo": "GRPO", "spiral": "SPIRAL"}
+# The demo table's rows: (label, metrics.jsonl key, algorithm whose runs have it)
+DEMO_ROWS = [("search accuracy", "search_accuracy", "spiral"),
+             ("aggregation accuracy", "aggregation_accuracy", "spiral"),
+             ("search-trace token entropy (nats)", "rollout/entropy_search", "spiral"),
+             ("GRPO accuracy", "accuracy", "grpo"), ("GRPO token entropy (nats)", "rollout/entropy_grpo", "grpo")]
+README_BLOCKS = ("demo", "comparison", "provenance")
+KEPT_FIGURES = {"seeds.png": "benchmarks/tiny_seeds.png", "eval/comparison.png": "benchmarks/tiny_comparison.png",
+                "tiny-spiral-s{seed0}/metrics.png": "benchmarks/tiny_metrics.png"}
 
 
-def run(args: list[str]) -> float:
-    """Run `python ARGS` in the repository root (output to this terminal); seconds it took."""
-    print("$ python " + " ".join(args), flush=True)
-    start = time.perf_counter()
-    subprocess.run([sys.executable, *args], cwd=ROOT, check=True)
-    return time.perf_counter() - start
+def spread(values, digits: int) -> str:
+    """mean ± sample sd [min, max] of `values`, as the README's cells (one value: itself)."""
+    v = np.asarray(values, dtype=float)
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f}"
+    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
 
 
-def demo_table(spiral_rows: list[dict], grpo_rows: list[dict]) -> str:
-    """figures.first_last_table of the SPIRAL run, then the GRPO run's rows under the same header."""
-    spiral, grpo = figures.first_last_table(spiral_rows), figures.first_last_table(grpo_rows)
-    if spiral.splitlines()[0] != grpo.splitlines()[0]:
-        raise SystemExit("reproduce.py: the two runs have different numbers of steps")
-    return "\n".join(spiral.splitlines() + grpo.splitlines()[2:])
+def first_last(rows: list[dict], key: str) -> tuple[float, float]:
+    """Means of `key` over the first and the last 10% of steps (at least one step each), as train.py's table."""
+    tenth = max(1, round(len(rows) / 10))
+    return tuple(float(np.mean([r[key] for r in part])) for part in (rows[:tenth], rows[-tenth:]))
 
 
-def comparison_table(result: dict) -> str:
-    """The README's side-by-side table from evaluate.py's JSON: pass@1/4/8, majority@4/8, RSA per population."""
-    first = next(iter(result["policies"].values()))["summary"]
-    pass_k = [k for k in (1, 4, 8) if k in first["passk"]["k"]]
-    majority_k = [k for k in (4, 8) if k in first["majority"]["k"]]
-    steps = "/".join(str(t) for t in first["rsa"][0]["step"])
-    header = ([f"pass@{k}" for k in pass_k] + [f"majority@{k}" for k in majority_k]
-              + [f"RSA P={r['population']}, steps {steps}" for r in first["rsa"]])
-    lines = ["| | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
-    for label, policy in result["policies"].items():
-        s = policy["summary"]
-        cells = [f"{s['passk']['pass_at_k'][s['passk']['k'].index(k)]:.3f}" for k in pass_k]
-        cells += [f"{s['majority']['accuracy'][s['majority']['k'].index(k)]:.3f}" for k in majority_k]
-        cells += [" / ".join(f"{v:.3f}" for v in r["pass_at_1"]) for r in s["rsa"]]
-        lines.append(f"| {LABELS.get(label, label)} | " + " | ".join(cells) + " |")
+def demo_table(rows_of: dict[str, list[list[dict]]]) -> str:
+    """The README's demo table: each metric's first and last 10% of steps, over seeds (rows_of[algo][seed])."""
+    seeds = len(rows_of["spiral"])
+    steps = len(rows_of["spiral"][0])
+    tenth = max(1, round(steps / 10))
+    lines = [f"| {seeds} seeds: mean ± sd [min, max] | first 10% of steps (1-{tenth}) "
+             f"| last 10% of steps ({steps - tenth + 1}-{steps}) |", "|---|---|---|"]
+    for label, key, algo in DEMO_ROWS:
+        pairs = [first_last(rows, key) for rows in rows_of[algo]]
+        lines.append(f"| {label} | {spread([p[0] for p in pairs], 2)} | {spread([p[1] for p in pairs], 2)} |")
     return "\n".join(lines)
+
+
+def comparison_cells(summary: dict) -> dict[str, float]:
+    """{column: value} of one policy's evaluate.py summary: pass@1/4/8, majority@4/8, RSA per population and step."""
+    cells = {f"pass@{k}": summary["passk"]["pass_at_k"][summary["passk"]["k"].index(k)] for k in (1, 4, 8)}
+    cells.update({f"majority@{k}": summary["majority"]["accuracy"][summary["majority"]["k"].index(k)] for k in (4, 8)})
+    for r in summary["rsa"]:
+        cells.update({f"RSA P={r['population']}, step {t}": v for t, v in zip(r["step"], r["pass_at_1"])})
+    return cells
+
+
+def comparison_table(result: dict, seeds: list[int]) -> str:
+    """The README's side-by-side table, one row per measure: the warm start, then GRPO and SPIRAL over seeds."""
+    policies = result["policies"]
+    base = comparison_cells(policies["base"]["summary"])
+    per_algo = {algo: [comparison_cells(policies[f"{algo}-s{s}"]["summary"]) for s in seeds] for algo in ("grpo",
+                                                                                                        "spiral")}
+    lines = [f"| {len(seeds)} seeds: mean ± sd [min, max] | warm start | GRPO | SPIRAL |", "|---|---|---|---|"]
+    for column in base:
+        cells = [spread([c[column] for c in per_algo[algo]], 3) for algo in ("grpo", "spiral")]
+        lines.append(f"| {column} | {base[column]:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def mean_summary(summaries: list):
+    """Element-wise mean of evaluate.py summaries (numbers that agree, such as k or budgets, stay as they are)."""
+    first = summaries[0]
+    if isinstance(first, dict):
+        return {k: mean_summary([s[k] for s in summaries]) for k in first}
+    if isinstance(first, list):
+        return [mean_summary(list(items)) for items in zip(*summaries)]
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return first if all(s == first for s in summaries) else float(np.mean(summaries))
+    return first
 
 
 def replace_block(text: str, name: str, content: str) -> str:
     """text with the lines between "<!-- reproduce.py: name -->" and the next "<!-- /reproduce.py -->" replaced."""
     pattern = re.compile(rf"(<!-- reproduce\.py: {name} -->\n).*?(<!-- /reproduce\.py -->)", re.S)
     if not pattern.search(text):
-        raise SystemExit(f"reproduce.py: README.md has no <!-- reproduce.py: {name} --> block")
+        runner.fail("reproduce.py", f"README.md has no <!-- reproduce.py: {name} --> block")
     return pattern.sub(lambda m: m.group(1) + content.rstrip("\n") + "\n" + m.group(2), text, count=1)
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = runner.Parser(prog="reproduce.py", description=__doc__.split("\n\n")[0],
+                                     epilog="\n".join(__doc__.split("\n\n")[1:]),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated training seeds (default 0,1,2,3,4)")
+    parser.add_argument("--runs-dir", default="runs/reproduce", help="where the runs, evaluation and report go")
+    parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="train again the runs in --runs-dir that cannot be reused (other settings)")
+    parser.add_argument("--update-readme", action="store_true",
+                        help="also rewrite README.md's demo, comparison and provenance blocks and the three figures "
+                             "in benchmarks/")
+    args = parser.parse_args(argv)
+    try:
+        args.seeds = sorted({int(s) for s in args.seeds.split(",")})
+    except ValueError:
+        parser.error(f"--seeds expects comma-separated integers, got {args.seeds!r}")
+    if len(args.seeds) < 2 or min(args.seeds) < 0 or args.jobs < 1:
+        parser.error("need at least 2 distinct non-negative --seeds (a spread) and a positive --jobs")
+    return args
+
+
+def check_outputs(args) -> None:
+    """Every place this run will write, before anything runs: exit 2 with one line if one is unusable."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print("reproduce.py: needs matplotlib for the figures (pip install -r requirements.txt -c constraints.txt "
-              "matplotlib)", file=sys.stderr)
-        return 2
-    seconds = {algo: run([*args, "--overwrite"]) for algo, args in TRAIN.items()}
-    with tempfile.TemporaryDirectory() as cache:  # cold: the README's numbers come from this code's traces
-        seconds["evaluate"] = run([*EVALUATE, "--cache-dir", cache])
+        runner.fail("reproduce.py", "needs matplotlib for the figures (pip install -r requirements.txt -c "
+                    "constraints.txt matplotlib)")
+    why = checkpoint.out_path_problem(args.runs_dir)
+    if why or (os.path.exists(args.runs_dir) and not os.path.isdir(args.runs_dir)):
+        runner.fail("reproduce.py", f"--runs-dir {args.runs_dir!r}: {why or 'not a directory'}")
+    if args.update_readme:
+        with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+            readme = f.read()
+        for name in README_BLOCKS:
+            replace_block(readme, name, "")  # exits naming a missing block
+        for path in ["README.md", *KEPT_FIGURES.values()]:
+            full = os.path.join(ROOT, path)
+            if not os.access(full if os.path.exists(full) else os.path.dirname(full), os.W_OK):
+                runner.fail("reproduce.py", f"cannot write {path}")
 
-    for made, kept in [("runs/tiny-spiral/metrics.png", "benchmarks/tiny_metrics.png"),
-                       ("runs/eval/tiny-comparison.png", "benchmarks/tiny_comparison.png")]:
-        shutil.copyfile(os.path.join(ROOT, made), os.path.join(ROOT, kept))
-    rows = {algo: checkpoint.read_metrics(os.path.join(ROOT, f"runs/tiny-{algo}/metrics.jsonl")) for algo in TRAIN}
-    with open(os.path.join(ROOT, "runs/eval/tiny-comparison.json")) as f:
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.chdir(ROOT)
+    check_outputs(args)
+    runs = {(algo, s): runner.Run(f"tiny-{algo}-s{s}", os.path.join(args.runs_dir, f"tiny-{algo}-s{s}"),
+                                  [*flags, "--seed", str(s)]) for s in args.seeds for algo, flags in ALGOS.items()}
+    todo, reused = runner.plan(list(runs.values()), args.overwrite, "reproduce.py")  # refuses before any work
+    os.makedirs(args.runs_dir, exist_ok=True)
+    for run in reused:
+        print(f"reproduce.py: reusing {run.out} (finished, same settings)", file=sys.stderr)
+    try:
+        runner.train_all(todo, args.runs_dir, args.jobs, {run.name: run.settings()["steps"] for run, _ in todo},
+                         "reproduce.py")
+        out = os.path.join(args.runs_dir, "eval", "comparison.json")
+        command = ["evaluate.py", "--preset", "tiny", "--limit", "100", "--policy", "base=data/tiny_warmstart"]
+        command += [f"--policy={algo}-s{s}={run.out}/adapter" for (algo, s), run in sorted(runs.items(),
+                                                                                           key=lambda x: x[0][::-1])]
+        with tempfile.TemporaryDirectory() as cache:  # cold: the tables come from this code's traces
+            print("reproduce.py: $ python " + " ".join(command + ["--out", out]), file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            if subprocess.run([sys.executable, *command, "--out", out, "--cache-dir", cache]).returncode != 0:
+                runner.fail("reproduce.py", "the evaluation failed (its message is above)", code=1)
+            evaluation_s = time.perf_counter() - start
+    except KeyboardInterrupt:
+        print("reproduce.py: interrupted; rerun the same command to continue (finished runs are reused)",
+              file=sys.stderr)
+        return 130
+
+    rows_of = {algo: [checkpoint.read_metrics(os.path.join(runs[algo, s].out, "metrics.jsonl")) for s in args.seeds]
+               for algo in ALGOS}
+    with open(out) as f:
         result = json.load(f)
+    tables = {"demo": demo_table(rows_of), "comparison": comparison_table(result, args.seeds)}
+    figures.plot_seed_curves({f"{LABELS[algo]}": rows_of[algo] for algo in ALGOS},
+                             os.path.join(args.runs_dir, "seeds.png"),
+                             title=f"python benchmarks/reproduce.py: {len(args.seeds)} seeds, mean and range")
+    summaries = {"warm start": result["policies"]["base"]["summary"]}
+    summaries.update({f"{LABELS[algo]} (mean of {len(args.seeds)} seeds)": mean_summary(
+        [result["policies"][f"{algo}-s{s}"]["summary"] for s in args.seeds]) for algo in ("grpo", "spiral")})
+    figures.plot_evaluation(summaries, Path(out).with_suffix(".png"),
+                            title=f"tiny sums, 100 problems; trained policies: mean over seeds {args.seeds}")
     v = checkpoint.versions("cpu")
-    provenance = (f"Measured by `python benchmarks/reproduce.py` on {time.strftime('%Y-%m-%d')} ({v['device']}; "
-                  f"Python {v['python']}, torch {v['torch']}, transformers {v['transformers']}, numpy {v['numpy']}, "
-                  f"math-verify {v['math-verify']}): SPIRAL {len(rows['spiral'])} steps in "
-                  f"{seconds['spiral'] / 60:.1f} min, GRPO in {seconds['grpo'] / 60:.1f} min, the evaluation in "
-                  f"{seconds['evaluate']:.0f} s from an empty cache (each time includes loading; load average at "
-                  f"the end {os.getloadavg()[1]:.1f} on {os.cpu_count()} cores: a busy machine is slower).")
-    provenance = textwrap.fill(provenance, 116, break_on_hyphens=False)
-    readme_path = os.path.join(ROOT, "README.md")
-    with open(readme_path, encoding="utf-8") as f:
-        readme = f.read()
-    for name, content in [("demo", demo_table(rows["spiral"], rows["grpo"])), ("comparison", comparison_table(result)),
-                          ("provenance", provenance)]:
-        readme = replace_block(readme, name, content)
+    minutes = {algo: [runner.seconds_of(runs[algo, s]) / 60 for s in args.seeds] for algo in ALGOS}
+    tables["provenance"] = textwrap.fill(
+        f"Measured by `python benchmarks/reproduce.py` (seeds {', '.join(map(str, args.seeds))}) on "
+        f"{time.strftime('%Y-%m-%d')} ({v['device']}; Python {v['python']}, torch {v['torch']}, transformers "
+        f"{v['transformers']}, numpy {v['numpy']}, math-verify {v['math-verify']}). 100 steps took "
+        f"{min(minutes['spiral']):.1f}-{max(minutes['spiral']):.1f} min per SPIRAL run and "
+        f"{min(minutes['grpo']):.1f}-{max(minutes['grpo']):.1f} min per GRPO run (the runs' own step times, loading "
+        f"excluded), the evaluation of {len(result['policies'])} policies {evaluation_s / 60:.1f} min from an empty "
+        f"cache (load average at the end {os.getloadavg()[1]:.1f} on {os.cpu_count()} cores: a busy machine is "
+        "slower).", 116, break_on_hyphens=False)
+    report = os.path.join(args.runs_dir, "report.md")
+    with open(report, "w", encoding="utf-8") as f:
+        f.write("\n\n".join(f"## {name}\n\n{content}" for name, content in tables.items()) + "\n")
+    for name, content in tables.items():
         print(f"\n{name}:\n{content}")
-    with open(readme_path, "w", encoding="utf-8") as f:
-        f.write(readme)
-    print("\nreproduce.py: rewrote README.md's demo, comparison and provenance blocks, benchmarks/tiny_metrics.png "
-          "and benchmarks/tiny_comparison.png")
+    written = [report, os.path.join(args.runs_dir, "seeds.png"), str(Path(out).with_suffix(".png"))]
+    if args.update_readme:
+        with open("README.md", encoding="utf-8") as f:
+            readme = f.read()
+        for name in README_BLOCKS:
+            readme = replace_block(readme, name, tables[name])
+        with open("README.md", "w", encoding="utf-8") as f:
+            f.write(readme)
+        for made, kept in KEPT_FIGURES.items():
+            shutil.copyfile(os.path.join(args.runs_dir, made.format(seed0=args.seeds[0])), kept)
+        written += ["README.md", *KEPT_FIGURES.values()]
+    print(f"\nreproduce.py: wrote {', '.join(written)}")
     return 0
 
 

@@ -1,14 +1,18 @@
 """SPIRAL against GRPO at equal token budget on the second CPU task (tiny_parts.py, issue 21), over several seeds.
 
-For each algorithm and seed: `python train.py --preset tiny_parts --algo ALGO --seed S` (skipped when the run has
-already finished; resumed when it stopped part-way), then one `python evaluate.py --preset tiny_parts` call with the
-warm start and every run side by side (pass@k, majority@k, RSA; traces cached, so a rerun only reads them). Writes
-the table of means and spreads over seeds (Markdown and JSON) and a figure (PNG, needs matplotlib):
+For each algorithm and seed: `python train.py --preset tiny_parts --algo ALGO --seed S [--steps N]` (reused when
+a run with exactly these settings has finished, resumed when one stopped part-way, refused when the run directory
+holds another run, such as an earlier --steps 1 trial: see benchmarks/runner.py), then one `python evaluate.py
+--preset tiny_parts` call with the warm start and every run side by side (pass@k, majority@k, RSA), from an empty
+cache. Writes the table of means and spreads over seeds (Markdown and JSON, both naming the
+seeds and steps) and a figure (PNG, needs matplotlib):
 
     python benchmarks/second_task.py                       # 3 seeds x 2 algorithms, then the evaluation
     python benchmarks/second_task.py --seeds 0,1,2,3,4      # more seeds; finished runs are reused
+    python benchmarks/second_task.py --out benchmarks/second_task   # replace the shipped result (README)
 
-Outputs: benchmarks/second_task.{md,json,png}; runs and the evaluation under runs/second_task/.
+Outputs: OUT.{md,json,png} (default runs/second_task/second_task; the shipped result is replaced only when named);
+runs and the evaluation under --runs-dir (runs/second_task/). Every output is checked before anything runs.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import runner  # noqa: E402
 
 ALGOS = ("grpo", "spiral")
 # (column, how to read it from one policy's evaluate.py summary)
@@ -39,61 +47,40 @@ COLUMNS = [
 
 
 def _run(cmd: list[str]) -> float:
-    """Run a command from the repository root; exit on failure; return its wall time in seconds."""
-    print("+", " ".join(cmd), flush=True)
+    """Run a command from the repository root (its output to this terminal); exit on failure; its wall seconds."""
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
     start = time.perf_counter()
     if subprocess.run(cmd, cwd=REPO).returncode != 0:
-        sys.exit(f"second_task.py: error: {' '.join(cmd)} failed")
+        runner.fail("second_task.py", f"{' '.join(cmd)} failed (its message is above)", code=1)
     return time.perf_counter() - start
 
 
-def train_runs(seeds: list[int], steps: int | None, runs_dir: str, jobs: int) -> dict[str, float]:
-    """Train every (algo, seed) run that has not finished, `jobs` at a time (niced); {run: wall seconds}."""
-    import checkpoint
+def training_runs(seeds: list[int], steps: int | None, runs_dir: str) -> list[runner.Run]:
+    """One runner.Run per (algorithm, seed): train.py --preset tiny_parts --algo ALGO --seed S [--steps N]."""
+    return [runner.Run(f"{algo}-s{seed}", os.path.join(runs_dir, f"{algo}-s{seed}"),
+                       ["--preset", "tiny_parts", "--algo", algo, "--seed", str(seed), "--no-plot",
+                        *(["--steps", str(steps)] if steps else [])]) for seed in seeds for algo in ALGOS]
 
-    todo = []
-    for seed in seeds:
-        for algo in ALGOS:
-            name, out = f"{algo}-s{seed}", os.path.join(runs_dir, f"{algo}-s{seed}")
-            cmd = ["nice", "-n", "5", sys.executable, "train.py", "--preset", "tiny_parts", "--algo", algo,
-                   "--seed", str(seed), "--out", out, "--no-plot"] + (["--steps", str(steps)] if steps else [])
-            rows = checkpoint.read_metrics(os.path.join(out, "metrics.jsonl")) if os.path.isdir(out) else []
-            config = checkpoint.saved_config(out) if checkpoint.latest_checkpoint(out) else None
-            wanted = steps or (config or {}).get("steps") or 100
-            if config and rows and rows[-1]["step"] >= wanted and os.path.isdir(os.path.join(out, "adapter")):
-                continue  # finished earlier
-            todo.append((name, cmd + (["--resume"] if config else ["--overwrite"] if os.path.isdir(out) else [])))
-    seconds, running = {}, []
-    while todo or running:
-        while todo and len(running) < jobs:
-            name, cmd = todo.pop(0)
-            print("+", " ".join(cmd), flush=True)
-            log = open(os.path.join(REPO, runs_dir, f"{name}.log"), "w")
-            running.append((name, subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT),
-                            time.perf_counter(), log))
-        time.sleep(2)
-        for item in list(running):
-            name, proc, start, log = item
-            if proc.poll() is not None:
-                log.close()
-                running.remove(item)
-                if proc.returncode != 0:
-                    sys.exit(f"second_task.py: error: training {name} failed (exit {proc.returncode}); see "
-                             f"{runs_dir}/{name}.log")
-                seconds[name] = time.perf_counter() - start
-                print(f"second_task.py: {name} trained in {seconds[name]:.0f} s", flush=True)
-    return seconds
+
+def smoothed(values: list[float], window: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, moving average over `window` steps, shorter for a short run): each point is the mean of real steps,
+    placed at the middle one (steps count from 1)."""
+    window = max(1, min(window, len(values)))
+    y = np.convolve(values, np.ones(window) / window, mode="valid")
+    return np.arange(len(y)) + (window + 1) / 2, y
 
 
 def evaluate(seeds: list[int], runs_dir: str, limit: int) -> dict:
-    """One evaluate.py call over the warm start and every run; returns its result JSON."""
+    """One evaluate.py call over the warm start and every run, from an empty cache (a cache kept from an earlier
+    version of the code once gave a table this code does not reproduce); returns its result JSON."""
     out = os.path.join(runs_dir, "eval", "results.json")
-    cmd = ["nice", "-n", "5", sys.executable, "evaluate.py", "--preset", "tiny_parts", "--limit", str(limit), "--method", "all",
-           "--rsa-populations", "4",  # P=8 would triple the CPU time of the evaluation
+    cmd = ["nice", "-n", "5", sys.executable, "evaluate.py", "--preset", "tiny_parts", "--limit", str(limit),
+           "--method", "all", "--rsa-populations", "4",  # P=8 would triple the CPU time of the evaluation
            "--out", out, "--policy", "base=data/tiny_parts_warmstart"]
     cmd += [f"--policy={algo}-s{seed}={os.path.join(runs_dir, f'{algo}-s{seed}', 'adapter')}" for algo in ALGOS
             for seed in seeds]
-    _run(cmd)
+    with tempfile.TemporaryDirectory() as cache:
+        _run([*cmd, "--cache-dir", cache])
     with open(os.path.join(REPO, out)) as f:
         return json.load(f)
 
@@ -168,9 +155,9 @@ def figure(results: dict, seeds: list[int], runs_dir: str, path: str) -> bool:
                     curves.append([r[key] for r in rows])
             if curves:
                 n = min(len(c) for c in curves)
-                y = np.convolve(np.mean([c[:n] for c in curves], 0), np.ones(5) / 5, mode="valid")
-                axes[2].plot(np.arange(len(y)) + 3, y, color=colors[algo], linestyle=style,
-                             label=f"{names[algo]} {what}")
+                x, y = smoothed(list(np.mean([c[:n] for c in curves], 0)))
+                axes[2].plot(x, y, color=colors[algo], linestyle=style, label=f"{names[algo]} {what}",
+                             marker="o" if len(x) < 5 else "")  # a short run's few points stay visible
     axes[2].set(xlabel="training step", ylabel="mean reward (5-step mean, over seeds)", title="training")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -183,14 +170,38 @@ def figure(results: dict, seeds: list[int], runs_dir: str, path: str) -> bool:
     return True
 
 
+def check_out(prefix: str) -> str | None:
+    """Why OUT.{md,json,png} may not be written, or None: the folder must be writable, and an existing OUT.md must
+    be one this script wrote (its first line says so); a user's file of that name is never replaced."""
+    import checkpoint
+
+    why = checkpoint.out_path_problem(prefix)
+    if why:
+        return f"--out {prefix!r}: {why}"
+    md = f"{prefix}.md"
+    if os.path.exists(md):
+        with open(md, encoding="utf-8", errors="replace") as f:
+            if not f.readline().startswith("<!-- written by benchmarks/second_task.py"):
+                return f"--out {prefix}: {md} exists and was not written by second_task.py; refusing to replace it"
+    for path in (f"{prefix}.json", f"{prefix}.png"):
+        if os.path.exists(path) and not os.path.exists(md):
+            return f"--out {prefix}: {path} exists without {md} (not this script's result); refusing to replace it"
+    return None
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = runner.Parser(prog="second_task.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
-    parser.add_argument("--steps", type=int, help="training steps per run (default: the preset's)")
+    parser.add_argument("--steps", type=int, help="training steps per run (default: the preset's, 30)")
     parser.add_argument("--limit", type=int, default=50, help="evaluation problems (default 50)")
     parser.add_argument("--runs-dir", default="runs/second_task")
     parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
-    parser.add_argument("--out", default="benchmarks/second_task", help="prefix of the .md, .json and .png")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="train again the runs in --runs-dir that hold other settings")
+    parser.add_argument("--out", default="runs/second_task/second_task",
+                        help="prefix of the .md, .json and .png (the shipped result: benchmarks/second_task)")
     args = parser.parse_args(argv)
     try:
         seeds = sorted({int(s) for s in args.seeds.split(",")})
@@ -199,18 +210,43 @@ def main(argv=None) -> int:
     if len(seeds) < 2 or min(seeds) < 0 or (args.steps is not None and args.steps < 1) or args.limit < 1 or args.jobs < 1:
         parser.error("need at least 2 non-negative seeds (a spread), and positive --steps, --limit and --jobs")
     os.chdir(REPO)
+    why = check_out(args.out) or runs_dir_problem(args.runs_dir)
+    if why:
+        print(f"second_task.py: error: {why}", file=sys.stderr)
+        return 2
+    runs = training_runs(seeds, args.steps, args.runs_dir)
+    todo, reused = runner.plan(runs, args.overwrite, "second_task.py")  # refuses a directory holding another run
+    steps = runs[0].settings()["steps"]
     os.makedirs(args.runs_dir, exist_ok=True)
-    seconds = train_runs(seeds, args.steps, args.runs_dir, args.jobs)
-    results = evaluate(seeds, args.runs_dir, args.limit)
+    for run in reused:
+        print(f"second_task.py: reusing {run.out} (finished, same settings)", file=sys.stderr)
+    try:
+        seconds = runner.train_all(todo, args.runs_dir, args.jobs, {run.name: steps for run, _ in todo},
+                                   "second_task.py")
+        results = evaluate(seeds, args.runs_dir, args.limit)
+    except KeyboardInterrupt:
+        print("second_task.py: interrupted; rerun the same command to continue (finished runs are reused)",
+              file=sys.stderr)
+        return 130
     markdown, cells = table(results, seeds)
     print(markdown)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(f"{args.out}.md", "w") as f:
-        f.write(f"<!-- written by benchmarks/second_task.py --seeds {','.join(map(str, seeds))} -->\n{markdown}\n")
+        f.write(f"<!-- written by benchmarks/second_task.py --seeds {','.join(map(str, seeds))} --steps {steps} "
+                f"--limit {args.limit} -->\n{markdown}\n")
     with open(f"{args.out}.json", "w") as f:
-        json.dump({"seeds": seeds, "cells": cells, "train_seconds_this_call": seconds}, f, indent=1)
+        json.dump({"seeds": seeds, "steps": steps, "limit": args.limit, "cells": cells,
+                   "train_seconds_this_call": seconds}, f, indent=1)
     if figure(results, seeds, args.runs_dir, f"{args.out}.png"):
         print(f"second_task.py: wrote {args.out}.md, .json and .png")
     return 0
+
+
+def runs_dir_problem(runs_dir: str) -> str | None:
+    import checkpoint
+
+    why = checkpoint.out_path_problem(runs_dir)
+    return f"--runs-dir {runs_dir!r}: {why}" if why else None
 
 
 if __name__ == "__main__":

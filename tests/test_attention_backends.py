@@ -34,16 +34,18 @@ def spy(policy):
     seen = []
     attention = model.model.layers[0].self_attn
     handle = attention.register_forward_pre_hook(lambda *args: seen.append(backend_switches()))
-    fastgen_spy = fastgen._attend
+    real_attend, real_sdpa = fastgen.attend, torch.nn.functional.scaled_dot_product_attention
 
-    def spying_attend(*args, **kwargs):  # fastgen calls the layers' weights, not their forward
-        seen.append(backend_switches())
-        return fastgen_spy(*args, **kwargs)
+    def spying(real):  # fastgen calls the layers' weights, not their forward: its decode attention and prefill SDPA
+        def call(*args, **kwargs):
+            seen.append(backend_switches())
+            return real(*args, **kwargs)
+        return call
 
-    fastgen._attend = spying_attend
+    fastgen.attend, torch.nn.functional.scaled_dot_product_attention = spying(real_attend), spying(real_sdpa)
     yield seen
     handle.remove()
-    fastgen._attend = fastgen_spy
+    fastgen.attend, torch.nn.functional.scaled_dot_product_attention = real_attend, real_sdpa
 
 
 ALLOWED = (False, True, True, True)  # cuDNN off; flash, memory-efficient and math on

@@ -65,7 +65,7 @@ def test_devices_long_lines_and_huge_integers_are_named(tmp_path, monkeypatch):
         problemset.load_problems(str(data))
     data.write_text('{"problem": "1 + 1", "answer": 2}\n{"problem": "' + "x" * 200 + '", "answer": "1"}\n')
     monkeypatch.setattr(problemset, "MAX_LINE_BYTES", 100)
-    with pytest.raises(problemset.ProblemFileError, match="p.jsonl, line 2: longer than 100 characters"):
+    with pytest.raises(problemset.ProblemFileError, match="p.jsonl, line 2: longer than 100 bytes"):
         problemset.load_problems(str(data))
     monkeypatch.setattr(problemset, "MAX_LINE_BYTES", 1000)
     assert [p.answer for p in problemset.load_problems(str(data))] == ["2", "1"]  # an integer answer is its digits

@@ -150,3 +150,99 @@ def test_benchmark_table_reports_mean_spread_and_range_over_seeds():
     rows = markdown.splitlines()
     assert rows[2].startswith("| warm start | 0.200 |")
     assert "0.850 ± 0.071 [0.800, 0.900]" in rows[3] and "0.600 ± 0.141 [0.500, 0.700]" in rows[4]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# measure() and the warm start's loss and aggregation target, against bugs a careful engineer could make (issue 28)
+
+
+def test_measure_counts_each_figure_as_its_docstring_defines(monkeypatch):
+    """Made-up traces with known answers: a tie that holds the answer is half a win, a set's parts may come from
+    different traces, sets are consecutive and disjoint, and an aggregation trace is graded against its own problem."""
+    p1, p2 = problemset.Problem("What is 352 + 402?", "754"), problemset.Problem("What is 210 + 111?", "321")
+    pools = {p1.problem: ["754", "754", "154", "724", "750", "954", "954", "111"],  # 754 and 954 tie at 2 votes
+             p2.problem: ["321", "321", "321", "999", "999", "999", "999", None]}  # None: no \boxed{} answer
+    aggregated = ["754", "954", "321", "321"]  # one per set: (p1, traces 0-3), (p1, 4-7), (p2, 0-3), (p2, 4-7)
+    text = lambda problem, a: "no answer" if a is None else tiny_parts.parts_trace(problem, a)  # noqa: E731
+    calls = []
+
+    def fake_generate(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens):
+        calls.append((len(prompts), samples_per_prompt))
+        if samples_per_prompt > 1:
+            return [[rollout.Completion([], [], [], text(p, a), False) for a in pools[p]]
+                    for p in (next(q for q in pools if q in prompt) for prompt in prompts)]
+        return [[rollout.Completion([], [], [], text("What is 1 + 1?", a), False)] for a in aggregated]
+
+    monkeypatch.setattr(rollout, "generate", fake_generate)
+    m = tiny_parts.measure(None, None, [p1, p2], samples=8, set_size=4)
+    assert calls == [(2, 8), (4, 1)]
+    assert m == {"single": 5 / 16,  # 2 + 3 right traces of 16
+                 "majority": (0.5 + 0.0) / 2,  # p1: a two-way tie holding the answer; p2: 999 wins
+                 "any_right": 2 / 4,  # the first set of each problem holds a right trace
+                 "parts_right": 3 / 4,  # p1's second set: 7 from 750, 5 from 750/954, 4 from 954; p2's second: none
+                 "aggregation": 3 / 4}
+
+
+def test_warm_start_loss_is_the_mean_over_every_completion_token_of_the_batch(one_thread):
+    """sft_backward (two forward passes, by role) equals one pass over the whole batch: -sum log pi / tokens, not
+    a mean per example or per role; its gradient too."""
+    from logprobs import TokenBatch, completion_logprobs
+
+    tokenizer = tiny_parts.build_parts_tokenizer()
+    model = tiny_parts.build_tiny_model(tokenizer)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    rng = np.random.default_rng(0)
+    examples = []
+    for i in range(6):
+        aggregation, problem, prompt, target = tiny_parts.training_example(rng, 0.6, 0.5, 4)
+        completion = tokenizer(tiny_parts.parts_trace(problem, target), add_special_tokens=False)["input_ids"] + [eos]
+        examples.append((aggregation, tiny_parts._SFTExample(rollout.chat_prompt_ids(tokenizer, prompt),
+                                                             completion[: 4 + 2 * i])))  # lengths 4 to 14
+    assert {a for a, _ in examples} == {True, False}
+    model.zero_grad()
+    loss = tiny_parts.sft_backward(model, examples, tokenizer.pad_token_id)
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    batch = TokenBatch.from_samples([e for _, e in examples], tokenizer.pad_token_id, "cpu")
+    logprobs = completion_logprobs(model, batch)[0]  # (tokens,)
+    assert logprobs.numel() == sum(4 + 2 * i for i in range(6))
+    naive = -logprobs.sum() / logprobs.numel()
+    naive.backward()
+    assert loss == pytest.approx(naive.item(), rel=1e-5)
+    for g, p in zip(grads, model.parameters()):
+        assert torch.allclose(g, p.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_warm_start_aggregation_target_is_the_per_digit_plurality_of_its_candidates():
+    import re
+
+    rng = np.random.default_rng(3)
+    seen = Counter()
+    for _ in range(400):
+        aggregation, problem, prompt, target = tiny_parts.training_example(rng, 0.5, 0.5, 4)
+        a, b = problem.removeprefix("What is ").removesuffix("?").split(" + ")
+        gold = str(int(a) + int(b))
+        if not aggregation:
+            assert prompt == rollout.search_prompt(problem) and len(target) == len(gold)
+            seen["search"] += 1
+            continue
+        candidates = re.findall(r"\\boxed\{(\d+)\}", prompt)
+        assert len(candidates) == 4 and prompt == rollout.aggregation_prompt(
+            problem, [tiny_parts.parts_trace(problem, c) for c in candidates])
+        assert all(target[i] in _plurality_slow(candidates, i) for i in range(3))
+        seen["aggregation"] += 1
+        seen["target is not candidate 0"] += target != candidates[0]
+    assert seen["search"] > 150 and seen["aggregation"] > 150
+    assert seen["target is not candidate 0"] > 50  # the plurality is often no single candidate's answer
+
+
+def test_warm_start_reports_its_progress_in_a_log_file(tmp_path, monkeypatch, capsys, one_thread):
+    import figures
+
+    progress = figures.Progress
+    monkeypatch.setattr(tiny_parts, "Progress", lambda *a, **k: progress(*a, **{**k, "every_s": 0}))
+    tiny_parts.warm_start(str(tmp_path / "w"), steps=2, batch_size=4)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tiny_parts.py")]
+    assert [line.split(" (")[0] for line in lines] == ["tiny_parts.py: warm start: 1/2 steps",
+                                                       "tiny_parts.py: warm start: 2/2 steps"]
+    assert all(", loss " in line for line in lines)

@@ -1,0 +1,472 @@
+"""Decode benchmarks of fastgen.py (issue 25): KV bytes a decode step reads, and on a GPU tokens/s against two floors.
+
+Definitions (per decode step s = 1..steps-1, B = P x copies rows, prompts of lengths L_p, kv = bytes per token):
+  unique KV bytes     = kv x (sum_p L_p + B x s)            each prompt once, each row's filled suffix once
+  per-row KV bytes    = kv x sum_rows (L_p + s)             what a cache with one copy of the prompt per row reads
+  fastgen reads       = kv x (P x n_chunks x chunk + B x round_up(s, SUFFIX_BUCKET))   (CallShape; counted)
+  fastgen at 7eca28c  = kv x B x round_up(max L + max_new_tokens, 64)                  (whole cache, every step)
+  unique floor        = sum_s (weights + unique KV bytes) / copy bandwidth + prefill FLOPs / matmul rate
+  per-row floor       = the same with per-row KV bytes (benchmarks/README.md's floor of row 2 before issue 25)
+"Counted" is measured: `count_attention_bytes` wraps fastgen's calls of attention.attend and adds up the bytes of
+the K and V it is handed, while the real decode step runs (on a CPU, or on the meta device at the 4B shape, where
+no arithmetic happens: the same code path, shapes only).
+
+    python benchmarks/decode.py --bytes                       # the byte table, counted at the 4B shape (meta device)
+    python benchmarks/decode.py --gpu --json decode-gpu.json  # CUDA checks, then the search- and aggregation-
+                                                              # shaped rows on Qwen3-4B's architecture
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import weakref
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import attention  # noqa: E402
+import bench  # noqa: E402  (benchmarks/, on the path when this file runs)
+import fastgen  # noqa: E402
+import rollout  # noqa: E402
+
+GB = 1e9
+SEARCH_SHAPE = dict(prompts=8, copies=8, prompt_tokens=1054)  # 8 problems x N1 = 8, ~1k-token search prompts
+AGGREGATION_SHAPE = dict(prompts=4, copies=4, prompt_tokens=17_596)  # 4 sets x N2 = 4, the paper's 17.6k tokens
+TOY_SHAPES = {"search": dict(prompts=2, copies=4, prompt_tokens=60),  # --size toy: the same code paths on a CPU
+              "aggregation": dict(prompts=2, copies=2, prompt_tokens=300)}
+
+
+def kv_bytes_per_token(config, element_size: int) -> int:
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element_size
+
+
+def byte_model(prompt_lengths: list[int], copies: int, max_new_tokens: int, kv: int) -> dict:
+    """Per-step KV bytes averaged over a call's decode steps: unique, per-row, fastgen's and the old fastgen's."""
+    shape = fastgen.CallShape.of(prompt_lengths, copies, max_new_tokens)
+    steps = range(1, max_new_tokens)
+    B, old_slots = shape.B, fastgen._round_up(max(prompt_lengths) + max_new_tokens, 64)
+    mean = lambda f: kv * float(np.mean([f(s) for s in steps]))  # noqa: E731
+    unique = mean(lambda s: sum(prompt_lengths) + B * s)
+    return {"unique_GB": unique / GB,
+            "per_row_GB": mean(lambda s: copies * sum(prompt_lengths) + B * s) / GB,
+            "fastgen_GB": mean(lambda s: shape.P * shape.n_chunks * shape.chunk
+                               + B * fastgen._round_up(s, fastgen.SUFFIX_BUCKET)) / GB,
+            "old_fastgen_GB": kv * B * old_slots / GB}
+
+
+@contextlib.contextmanager
+def count_attention_bytes(totals: list):
+    """Add the bytes of K and V that each fastgen attention call reads to totals[-1] (append 0 to start a step)."""
+    real = fastgen.attend
+
+    def counting(q, k, v, bias, scale):
+        totals[-1] += (k.numel() + v.numel()) * k.element_size()
+        return real(q, k, v, bias, scale)
+
+    fastgen.attend = counting
+    try:
+        yield
+    finally:
+        fastgen.attend = real
+
+
+def counted_step_bytes(model, prompt_lengths: list[int], copies: int, max_new_tokens: int, steps: list[int]) -> list:
+    """KV bytes that fastgen.decode_one_token hands to attention at each of `steps` (1-based decode steps), from a
+    real step of `model` (which may live on the meta device: then only shapes are computed)."""
+    engine = fastgen.Engine(model)
+    w = engine.weights(model)
+    shape = fastgen.CallShape.of(prompt_lengths, copies, max_new_tokens)
+    cache, state, _ = engine.call(w, shape, eos_count=2, adapters=("default",))
+    state.start(shape, prompt_lengths, 1.0, [1, 2], w.kv_heads)
+    totals: list[float] = []
+    with torch.no_grad(), count_attention_bytes(totals):
+        for s in steps:
+            totals.append(0)
+            state.t.fill_(s - 1)
+            fastgen.decode_one_token(w, cache, state, shape, fastgen._round_up(s, fastgen.SUFFIX_BUCKET))
+    return totals
+
+
+def byte_table(model, kv: int, cases: dict, max_new_tokens: int) -> dict:
+    """For each call shape: the modelled bytes, and fastgen's counted bytes at a few steps against the model."""
+    table = {}
+    for name, c in cases.items():
+        lengths = [c["prompt_tokens"]] * c["prompts"]
+        row = byte_model(lengths, c["copies"], max_new_tokens, kv)
+        probe = [1, max_new_tokens // 2, max_new_tokens - 1]
+        counted = counted_step_bytes(model, lengths, c["copies"], max_new_tokens, probe)
+        shape = fastgen.CallShape.of(lengths, c["copies"], max_new_tokens)
+        modelled = [kv * (shape.P * shape.n_chunks * shape.chunk + shape.B * fastgen._round_up(s, fastgen.SUFFIX_BUCKET))
+                    for s in probe]
+        row["counted_GB_at_steps"] = {s: b / GB for s, b in zip(probe, counted)}
+        row["counted_equals_model"] = all(abs(a - b) < 1 for a, b in zip(counted, modelled))
+        row["fastgen_over_unique"] = row["fastgen_GB"] / row["unique_GB"]
+        row["old_over_unique"] = row["old_fastgen_GB"] / row["unique_GB"]
+        table[name] = row
+    return table
+
+
+def print_byte_table(table: dict, max_new_tokens: int) -> None:
+    print(f"KV bytes per decode step, mean over {max_new_tokens} new tokens (GB): unique | per row | fastgen | "
+          f"fastgen at 7eca28c")
+    for name, r in table.items():
+        print(f"[bytes {name}] {r['unique_GB']:7.2f} | {r['per_row_GB']:7.2f} | {r['fastgen_GB']:7.2f} "
+              f"({r['fastgen_over_unique']:.3f}x unique) | {r['old_fastgen_GB']:7.2f} ({r['old_over_unique']:.2f}x); "
+              f"counted = model: {r['counted_equals_model']}")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# On a GPU
+
+
+def cuda_checks() -> dict:
+    """attention.attend's CUDA kernel against float64 full softmax, then fastgen (CUDA graphs) on the tiny Qwen3
+    against teacher forcing through the HF model, in fp32 and bf16."""
+    import copy
+
+    import lora
+    import tiny  # noqa: F401  registers "tiny"
+
+    out = {}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    errors = []
+    for N, H, M, S1, S2 in [(3, 8, 16, 1024, 256), (64, 8, 4, 512, 4096), (2, 16, 32, 64, 64)]:
+        q, k1, v1 = (torch.randn(N, H, n, 128, device="cuda", generator=g, dtype=torch.bfloat16) for n in (M, S1, S1))
+        k2, v2 = (torch.randn(N, H, S2, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+        mask1 = (torch.rand(N, 1, 1, S1, device="cuda", generator=g) < 0.7)
+        mask1[..., 0] = True
+        if N > 2:
+            mask1[-1] = False  # a whole part masked for one batch row: must weigh 0 in the merge
+            mask1[-1, ..., 0] = False
+        bias1 = torch.where(mask1, 0.0, attention.MASKED).to(torch.bfloat16)
+        bias2 = torch.zeros(S2, device="cuda", dtype=torch.bfloat16)
+        o1, l1 = attention.attend(q, k1, v1, bias1, 0.088)
+        o2, l2 = attention.attend(q, k2, v2, bias2, 0.088)
+        o, _ = attention.merge(torch.stack([o1, o2], 2), torch.stack([l1, l2], 2), dim=2)
+        full_bias = torch.cat([bias1.expand(N, 1, 1, S1), bias2.expand(N, 1, 1, S2)], -1)
+        ref = attention.reference(q, torch.cat([k1, k2], 2), torch.cat([v1, v2], 2), full_bias, 0.088)
+        errors.append(float((o.double() - ref).norm() / ref.norm()))
+    out["attention_bf16_relative_error"] = max(errors)
+    model, tokenizer = rollout.load_policy("tiny", device="cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        m = copy.deepcopy(model).to(dtype)
+        params = lora.add_lora(m, rank=4, alpha=8.0)
+        with torch.no_grad():
+            for p in params:
+                p.add_(torch.randn_like(p) * 0.05)
+        torch.manual_seed(0)
+        prompts = ["What is 2 + 3?", "Compute 17 * 4 and explain.", "Hi"]
+        got = rollout.generate(m, tokenizer, prompts, samples_per_prompt=3, max_new_tokens=40, temperature=0.7,
+                               engine="fast")
+        worst = 0.0
+        with torch.no_grad():
+            for group in got:
+                for c in group:
+                    ids = torch.tensor([c.prompt_ids + c.completion_ids], device="cuda")
+                    logits = m(ids).logits[0, len(c.prompt_ids) - 1: -1].float() / 0.7
+                    lp = torch.log_softmax(logits, -1).gather(1, ids[0, len(c.prompt_ids):, None])[:, 0]
+                    worst = max(worst, float((lp.cpu() - torch.tensor(c.logprobs)).abs().max()))
+        out[f"tiny_{str(dtype)[6:]}_max_logprob_error_vs_teacher_forcing"] = worst
+        out[f"tiny_{str(dtype)[6:]}_captures"] = fastgen._ENGINE[0].captures
+        fastgen.release()
+    return out
+
+
+def timed_fast_call(model, tokenizer, prompts: list[str], copies: int, new_tokens: int) -> dict:
+    engine_before = fastgen._ENGINE[0] if fastgen._ENGINE else None
+    captures0 = engine_before.captures if engine_before else 0
+    capture_s0 = engine_before.capture_seconds if engine_before else 0.0
+    cuda = model.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    out = rollout.generate(model, tokenizer, prompts, samples_per_prompt=copies, max_new_tokens=new_tokens,
+                           micro_batch_size=len(prompts) * copies, engine="fast")
+    seconds = time.perf_counter() - t0
+    engine = fastgen._ENGINE[0]
+    steps = max(len(c.completion_ids) for row in out for c in row)
+    return {"seconds": seconds, "steps": steps, "captures": engine.captures - captures0,
+            "capture_seconds": engine.capture_seconds - capture_s0,
+            "peak_memory_GB": torch.cuda.max_memory_allocated() / GB if cuda else None,
+            "prompt_tokens": [len(row[0].prompt_ids) for row in out]}
+
+
+def gpu_rows(model, tokenizer, floors: dict, new_tokens_list: list[int], shapes: dict) -> dict:
+    """Each call shape at each length: a first call (graphs captured) and a second, warm one; tokens/s and the
+    fraction of the unique and per-row floors reached by the warm call (capture time excluded)."""
+    rng = np.random.default_rng(5)
+    cfg, V = model.config, model.config.vocab_size
+    kv = kv_bytes_per_token(cfg, 2)
+    weights = bench.weight_bytes(model)
+    results = {}
+    for name, c in shapes.items():
+        words = c["prompt_tokens"] - 40  # the chat template and the search prompt's instruction add ~40 tokens
+        prompts = [rollout.search_prompt(bench.random_words(words, V, rng)) for _ in range(c["prompts"])]
+        for n in new_tokens_list:
+            key = f"{name}_{n}"
+            try:
+                first = timed_fast_call(model, tokenizer, prompts, c["copies"], n)
+                if n <= 1024:  # a second call of the same shape: its graphs are already captured
+                    warm = timed_fast_call(model, tokenizer, prompts, c["copies"], n)
+                else:  # long calls once (device time): the first call's time less its graph captures
+                    warm = dict(first, seconds=first["seconds"] - first["capture_seconds"])
+            except Exception as e:  # an out-of-memory is a result too; keep measuring the other rows
+                import traceback
+
+                traceback.print_exc()
+                results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                fastgen.release()
+                continue
+            lengths, B = warm["prompt_tokens"], c["prompts"] * c["copies"]
+            decode_steps = warm["steps"] - 1
+            unique = sum(weights + kv * (sum(lengths) + B * s) for s in range(1, warm["steps"]))
+            per_row = sum(weights + kv * (c["copies"] * sum(lengths) + B * s) for s in range(1, warm["steps"]))
+            prefill_flops = sum(2 * bench.decoder_matmul_params(cfg) * L + bench.attention_flops(cfg, L)
+                                for L in lengths)
+            floor = lambda b: b / (floors["copy_bandwidth_GBps"] * GB) + prefill_flops / (floors["matmul_TFLOPs"] * 1e12)  # noqa: E731
+            results[key] = {
+                "prompts": c["prompts"], "copies": c["copies"], "prompt_tokens": max(lengths), "new_tokens": n,
+                "decode_steps": decode_steps,
+                "first_call_s": first["seconds"], "captures": first["captures"],
+                "capture_s": first["capture_seconds"], "warm_call_s": warm["seconds"],
+                "tokens_per_s": B * warm["steps"] / warm["seconds"],
+                "ms_per_decode_step": 1000 * warm["seconds"] / max(1, decode_steps),
+                "fraction_of_unique_floor": floor(unique) / warm["seconds"],
+                "fraction_of_per_row_floor": floor(per_row) / warm["seconds"],
+                "peak_memory_GB": warm["peak_memory_GB"],
+            }
+            r = results[key]
+            print(f"[{key}] B={B} L={max(lengths)} new={n}: warm {r['warm_call_s']:.1f} s ({r['tokens_per_s']:.0f} tok/s,"
+                  f" {r['ms_per_decode_step']:.2f} ms/step), {100 * r['fraction_of_unique_floor']:.1f}% of unique floor, "
+                  f"{100 * r['fraction_of_per_row_floor']:.1f}% of per-row floor; first call {r['first_call_s']:.1f} s "
+                  f"({r['captures']} graphs, {r['capture_s']:.1f} s); peak {r['peak_memory_GB'] or 0:.1f} GB", flush=True)
+    return results
+
+
+def profile_step(model, tokenizer, out_dir: str | None, c: dict, max_new_tokens: int) -> dict:
+    """Where a decode step's time goes, at call shape c: the step's time per replay (CUDA graph; eager on a CPU)
+    early and late in a call, and the kernels of three eager steps (torch.profiler), grouped by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rng = np.random.default_rng(6)
+    V, cuda = model.config.vocab_size, model.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    ids = [rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(bench.random_words(c["prompt_tokens"] - 40, V,
+                                                                                       rng)))
+           for _ in range(c["prompts"])]
+    engine = fastgen.engine_for(model)
+    w = engine.weights(model)
+    shape = fastgen.CallShape.of([len(i) for i in ids], c["copies"], max_new_tokens)
+    call = engine.call(w, shape, 2, ("default",))
+    s = call[1]
+    s.start(shape, [len(i) for i in ids], 1.0, [1, 2], w.kv_heads)
+    result = {}
+    activity, sort = (ProfilerActivity.CUDA, "cuda_time_total") if cuda else (ProfilerActivity.CPU, "cpu_time_total")
+    with torch.no_grad():
+        fastgen.prefill(w, call[0], ids, shape, 0)
+        for t in (min(255, max_new_tokens - 2), max_new_tokens - 2):
+            suffix_len = fastgen._round_up(t + 1, fastgen.SUFFIX_BUCKET)
+            s.t.fill_(t)
+            engine.step(w, call, shape, suffix_len)  # capture
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(20):
+                s.t.fill_(t)
+                engine.step(w, call, shape, suffix_len)
+            sync()
+            result[f"ms_per_step_suffix_{suffix_len}"] = 1000 * (time.perf_counter() - t0) / 20
+            with profile(activities=[activity]) as prof:
+                for _ in range(3):
+                    s.t.fill_(t)
+                    fastgen.decode_one_token(w, call[0], s, shape, suffix_len)
+                sync()
+            table = prof.key_averages().table(sort_by=sort, row_limit=30)
+            print(f"--- eager step, suffix {suffix_len} (3 steps) ---\n{table}", flush=True)
+            events = [e for e in prof.key_averages() if e.device_type.name == activity.name]
+            result[f"ops_per_step_suffix_{suffix_len}"] = sum(e.count for e in events) / 3
+            if out_dir:
+                with open(os.path.join(out_dir, f"profile_{suffix_len}.txt"), "w") as f:
+                    f.write(table)
+    print("profile:", json.dumps(result), flush=True)
+    return result
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the tensors that ops run under this mode create (views and in-place results excluded) while they
+    are alive, and the peak: what an allocator would hold for them, also on the meta device."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+
+    def _free(self, n: int) -> None:
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        for t, ret in zip(outs, func._schema.returns):
+            if isinstance(t, torch.Tensor) and ret.alias_info is None:
+                n = t.untyped_storage().nbytes()
+                self.live += n
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._free, n)
+        return out
+
+
+def flash_like_sdpa(q, k, v, **kwargs):
+    """Stand-in for causal flash attention on the meta device (whose SDPA would decompose into the math path and
+    build (L, L) scores): allocates what flash allocates, the output and its (heads, L) fp32 log-sum-exp."""
+    q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return torch.empty_like(q)
+
+
+def prefill_peak(model, prompt_tokens: int, prompts: int) -> dict:
+    """Peak bytes that fastgen.prefill allocates beyond the weights and the KV arena, for `prompts` prompts of
+    `prompt_tokens` tokens (counted by LiveBytes; flash attention's allocation for the attention itself)."""
+    engine = fastgen.Engine(model)
+    w = engine.weights(model)
+    ids = [[5] * prompt_tokens for _ in range(prompts)]
+    shape = fastgen.CallShape.of([prompt_tokens] * prompts, 4, 16)
+    cache, _, _ = engine.call(w, shape, 2, ("default",))
+    real, counter = fastgen.F.scaled_dot_product_attention, LiveBytes()
+    fastgen.F.scaled_dot_product_attention = flash_like_sdpa
+    try:
+        with torch.no_grad(), counter:
+            fastgen.prefill(w, cache, ids, shape, 0)
+    finally:
+        fastgen.F.scaled_dot_product_attention = real
+    return {"prompts": prompts, "prompt_tokens": prompt_tokens, "peak_GB": counter.peak / GB,
+            "arena_GB": engine.arena.numel() * engine.arena.element_size() / GB,
+            "group_size": max(1, fastgen.PREFILL_TOKENS // (shape.n_chunks * shape.chunk))}
+
+
+def recorded(results: dict, key: str, measure, save) -> None:
+    """results[key] = measure(), or the error it raised (an out-of-memory is a result too); saved either way."""
+    try:
+        results[key] = measure()
+    except Exception as e:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+        results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        fastgen.release()
+    save()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bytes", action="store_true", help="KV bytes per step and prefill memory, counted at the 4B "
+                   "shape on the meta device")
+    p.add_argument("--gpu", action="store_true", help="CUDA checks and the rows (needs CUDA unless --device cpu)")
+    p.add_argument("--size", choices=["4b", "toy"], default="4b", help="--gpu: Qwen3-4B's architecture, or toy")
+    p.add_argument("--device", default="cuda", help="--gpu: the device (cpu only with --size toy: tests)")
+    p.add_argument("--new-tokens", default="512,4096", help="--gpu: new tokens per call, comma-separated")
+    p.add_argument("--shapes", default="search,aggregation", help="--gpu: search, aggregation or both")
+    p.add_argument("--skip-checks", action="store_true", help="--gpu: no CUDA checks")
+    p.add_argument("--hf-baseline", type=int, default=0, metavar="N",
+                   help="--gpu: also bench.py's row 2 (search shape) with the HF engine at N new tokens")
+    p.add_argument("--profile", action="store_true", help="--gpu: graph replay time and kernels of one decode step")
+    p.add_argument("--mfu", action="store_true", help="--gpu: also bench.py's row 1, without and with cuDNN "
+                   "attention in the learner")
+    p.add_argument("--json", help="write the results to this new file")
+    args = p.parse_args(argv)
+    if not (args.bytes or args.gpu):
+        p.error("choose --bytes and/or --gpu")
+    if args.json and os.path.exists(args.json):
+        p.error(f"--json {args.json} exists")
+    if args.gpu and args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("--gpu needs a CUDA device (or --size toy --device cpu)")
+    if args.gpu and not args.device.startswith("cuda") and args.size != "toy":
+        p.error("--device cpu runs --size toy only")
+    try:
+        new_tokens = [int(n) for n in args.new_tokens.split(",")]
+    except ValueError:
+        p.error(f"--new-tokens {args.new_tokens!r}: expected integers separated by commas")
+    results = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "argv": sys.argv[1:] if argv is None
+               else argv}
+
+    def save():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+
+    if args.bytes:
+        with torch.device("meta"):
+            model, _ = bench.build_policy("4b", "meta", torch.bfloat16)
+        table = byte_table(model, kv_bytes_per_token(model.config, 2),
+                           {"search": SEARCH_SHAPE, "aggregation": AGGREGATION_SHAPE}, 4096)
+        results["bytes_4b_4096"] = table
+        print_byte_table(table, 4096)
+        results["prefill_4b"] = prefill_peak(model, AGGREGATION_SHAPE["prompt_tokens"], 5)
+        r = results["prefill_4b"]
+        print(f"[prefill] {r['prompts']} x {r['prompt_tokens']:,}-token prompts: peak {r['peak_GB']:.2f} GB beyond the "
+              f"weights and the {r['arena_GB']:.1f} GB KV arena ({r['group_size']} prompt(s) per forward)")
+        save()
+    if args.gpu:
+        cuda, device = args.device.startswith("cuda"), args.device
+        dtype = torch.bfloat16 if cuda else torch.float32
+        results["device"] = torch.cuda.get_device_name() if cuda else "cpu"
+        if cuda and not args.skip_checks:
+            recorded(results, "checks", cuda_checks, save)
+            print("checks:", json.dumps(results["checks"]), flush=True)
+        import lora
+
+        torch.manual_seed(0)
+        model, tokenizer = bench.build_policy(args.size, device, dtype)
+        lora.add_lora(model, rank=32, alpha=32.0)
+        results["floors"] = floors = bench.measure_floors(device, dtype, args.size)
+        print("floors:", json.dumps(floors), flush=True)
+        shapes = TOY_SHAPES if args.size == "toy" else {"search": SEARCH_SHAPE, "aggregation": AGGREGATION_SHAPE}
+        if args.profile:  # fastgen.FUSE off, then on: the graph replay time per step of each
+            for fuse in (False, True):
+                fastgen.FUSE = fuse
+                out_dir = os.path.dirname(os.path.abspath(args.json)) if args.json and fuse else None
+                recorded(results, f"profile_fuse_{fuse}",
+                         lambda: profile_step(model, tokenizer, out_dir, shapes["search"], max(new_tokens)), save)
+                fastgen.release()
+        chosen = {k: v for k, v in shapes.items() if k in args.shapes.split(",")}
+        recorded(results, "rows", lambda: gpu_rows(model, tokenizer, floors, new_tokens, chosen), save)
+        fastgen.release()
+        scale = bench.SCALES[args.size]
+        if args.hf_baseline:  # benchmarks/bench.py's row 2 with the Hugging Face engine, search shape
+            import dataclasses
+
+            model.generation_engine = "hf"
+            hf_scale = dataclasses.replace(scale, gen_new_tokens=args.hf_baseline)
+            recorded(results, "hf_row2", lambda: bench.measure_generate(model, tokenizer, hf_scale, device, floors),
+                     save)
+            if "error" not in results["hf_row2"]:
+                bench.print_result("generate", results["hf_row2"])
+        if args.mfu:  # row 1 with the learner's attention as train.py runs it, then with cuDNN allowed
+            import logprobs
+            import train
+            from torch.nn.attention import SDPBackend
+
+            train.enable_gradient_checkpointing(model)
+            for key, extra in (("train", []), ("train_cudnn", [SDPBackend.CUDNN_ATTENTION] if cuda else [])):
+                saved = logprobs.ATTENTION_BACKENDS
+                logprobs.ATTENTION_BACKENDS = extra + list(saved)
+                try:  # cuDNN attention crashed on H100s in generation (issue 18): an error is recorded
+                    recorded(results, key, lambda: bench.measure_train_step(model, tokenizer, scale, device, floors),
+                             save)
+                finally:
+                    logprobs.ATTENTION_BACKENDS = saved
+                if "error" not in results[key]:
+                    bench.print_result("train", results[key])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Training runs for the benchmark scripts (reproduce.py, second_task.py): which runs to reuse, resume or refuse,
+and train.py jobs in parallel with their logs and one progress display.
+
+A run directory is reused only when its config.json holds exactly the settings the script asks for and its
+metrics reach the last step with the adapter saved; a run with the same settings stopped part-way is resumed; a
+run with other settings (an earlier `--steps 1` trial, another seed) is never taken for a finished one: the script
+stops before anything runs unless told --overwrite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+import checkpoint  # noqa: E402
+import figures  # noqa: E402
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit code 2, no usage block), as train.py and evaluate.py."""
+
+    def error(self, message):
+        fail(self.prog, message)
+
+
+def fail(who: str, message: str, code: int = 2):
+    """Print "WHO: error: MESSAGE" on stderr and exit with `code` (2: bad input, found before anything ran)."""
+    print(f"{who}: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def ignored_settings() -> set[str]:
+    """Settings that do not change what a run computes, or that name where it is: train.RESUME_MUTABLE (what a
+    --resume may change) except --steps, and what config.json records besides the settings."""
+    import train
+
+    return (set(train.RESUME_MUTABLE) - {"steps"}) | {"versions", "gradient_scale_M", "warm_start_only"}
+
+
+@dataclasses.dataclass
+class Run:
+    name: str  # e.g. tiny-spiral-s0; its log is RUNS/NAME.log
+    out: str  # the run directory, relative to the repository root
+    flags: list[str]  # train.py's flags, without --out, --resume, --overwrite
+
+    def settings(self) -> dict:
+        """The run's resolved TrainConfig as config.json records it, less ignored_settings()."""
+        import train
+
+        cfg = train.resolve_config(vars(train.build_parser().parse_args([*self.flags, "--out", self.out])))
+        return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ignored_settings()}
+
+
+def run_state(run: Run) -> tuple[str, str]:
+    """("new", ""), ("finished", ""), ("resume", "") or ("differs", why) for the run directory run.out."""
+    out = os.path.join(REPO, run.out)
+    if not os.path.isdir(out) or not os.listdir(out):
+        return "new", ""
+    try:
+        saved = checkpoint.saved_config(out)
+    except (checkpoint.CheckpointError, OSError, ValueError) as e:
+        return "differs", f"its config cannot be read ({e})"
+    if saved is None:
+        return "differs", "it holds no run (no config.json)"
+    wanted = run.settings()
+    ignored = ignored_settings()
+    changed = sorted(k for k in set(wanted) | set(saved) if k not in ignored and saved.get(k) != wanted.get(k))
+    if changed:
+        key = changed[0]
+        return "differs", f"it was trained with {key}={saved.get(key)!r}, not {wanted.get(key)!r}"
+    rows = checkpoint.read_metrics(os.path.join(out, "metrics.jsonl"))
+    if rows and rows[-1]["step"] >= wanted["steps"] and os.path.isfile(os.path.join(out, "adapter",
+                                                                                    "adapter_config.json")):
+        return "finished", ""
+    return ("resume", "") if checkpoint.latest_checkpoint(out) else ("differs", "it stopped before its first "
+                                                                                "checkpoint")
+
+
+def plan(runs: list[Run], overwrite: bool, who: str) -> tuple[list[tuple[Run, list[str]]], list[Run]]:
+    """(runs to train with the extra flags each needs, finished runs to reuse); exits 2 with one line if a run
+    directory holds something else and `overwrite` is off. Writes nothing."""
+    todo, reused = [], []
+    for run in runs:
+        state, why = run_state(run)
+        if state == "finished" and not overwrite:
+            reused.append(run)
+        elif state == "resume" and not overwrite:
+            todo.append((run, ["--resume"]))
+        elif state == "new":
+            todo.append((run, []))
+        elif overwrite:
+            todo.append((run, ["--overwrite"]))
+        else:
+            fail(who, f"{run.out} exists and cannot be reused: {why}; pass --overwrite to train it again, or "
+                      "choose another --runs-dir")
+    return todo, reused
+
+
+def train_all(todo: list[tuple[Run, list[str]]], logs_dir: str, jobs: int, steps_of: dict[str, int],
+              who: str) -> dict:
+    """Run `python train.py FLAGS --out OUT [EXTRA]` for each run, `jobs` at a time (niced), output to
+    LOGS/NAME.log; progress: the steps logged by all runs together. {name: seconds}. A failed run stops the rest
+    (exit 1 naming its log); Ctrl-C stops them all (train.py saves nothing half-written; rerun to resume)."""
+    total = sum(steps_of[run.name] for run, _ in todo)
+    done_before = {run.name: _steps_logged(run) for run, _ in todo}
+    seconds, running, waiting = {}, [], list(todo)
+    progress = figures.Progress(total - sum(done_before.values()), f"{who}: training {len(todo)} runs", "steps")
+    counted = dict(done_before)
+    interrupted = False
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                run, extra = waiting.pop(0)
+                cmd = ["nice", "-n", "5", sys.executable, "train.py", *run.flags, "--out", run.out, *extra]
+                log_path = os.path.join(logs_dir, f"{run.name}.log")
+                print(f"{who}: $ python {' '.join(cmd[4:])}   (log: {log_path})", file=sys.stderr, flush=True)
+                log = open(os.path.join(REPO, log_path), "w")
+                running.append((run, subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT),
+                                time.perf_counter(), log, log_path))
+            time.sleep(1)
+            for item in list(running):
+                run, proc, start, log, log_path = item
+                now = _steps_logged(run)
+                progress.update(max(0, now - counted[run.name]))
+                counted[run.name] = max(counted[run.name], now)
+                if proc.poll() is None:
+                    continue
+                log.close()
+                running.remove(item)
+                if proc.returncode != 0:
+                    fail(who, f"training {run.name} failed (exit {proc.returncode}): {_last_line(log_path)} "
+                              f"(log: {log_path})", code=1)
+                seconds[run.name] = time.perf_counter() - start
+    except KeyboardInterrupt:
+        interrupted = True  # the terminal's Ctrl-C reached every train.py too: each stops as it does on its own
+        raise
+    finally:
+        for _, proc, _, log, _ in running:
+            if not interrupted and proc.poll() is None:  # another run failed: stop these as Ctrl-C would
+                proc.send_signal(signal.SIGINT)
+            proc.wait()
+            log.close()
+        progress.close()
+    return seconds
+
+
+def _steps_logged(run: Run) -> int:
+    """The last step in the run's metrics.jsonl, read while train.py appends to it (a partial line is skipped)."""
+    try:
+        with open(os.path.join(REPO, run.out, "metrics.jsonl"), encoding="utf-8", errors="replace") as f:
+            complete = f.read().split("\n")[:-1]  # the text after the last newline may be half written
+        return int(json.loads(complete[-1])["step"]) if complete else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(os.path.join(REPO, path), errors="replace") as f:
+            lines = [line.strip() for line in f.read().replace("\r", "\n").splitlines() if line.strip()]
+        return lines[-1][:300] if lines else "no output"
+    except OSError:
+        return "no log"
+
+
+def seconds_of(run: Run) -> float:
+    """Seconds the run's steps took by its own clock (metrics.jsonl: rollouts plus training, loading excluded)."""
+    rows = checkpoint.read_metrics(os.path.join(REPO, run.out, "metrics.jsonl"))
+    return sum(r.get("time/rollout_s", 0.0) + r.get("time/train_s", 0.0) for r in rows)
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    print("runner.py: error: a library that reproduce.py and second_task.py use; nothing to run here (--help: what it holds)", file=sys.stderr)
+    sys.exit(2)

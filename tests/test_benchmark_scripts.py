@@ -1,0 +1,246 @@
+"""The benchmark scripts (benchmarks/reproduce.py, second_task.py and their runner.py) keep what a user made
+(issue 27): --help and typos run nothing; a run directory is reused only when it holds exactly the run asked for;
+outputs are checked before any work; the README and the shipped results are rewritten only when named; trainings
+run a few at a time and a failure stops the rest."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from tests.test_user_files import _load, _one_line, _snapshot, nothing_runs  # noqa: F401 (a fixture)
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+reproduce, second_task, runner = _load("reproduce"), _load("second_task"), _load("runner")
+
+# ----------------------------------------------------------------------------------------------------------------------
+# --help and typos: parsed before anything runs
+
+
+@pytest.mark.parametrize("script", ["reproduce", "second_task"])
+def test_help_and_typos_run_nothing(script, nothing_runs, capsys):
+    module = {"reproduce": reproduce, "second_task": second_task}[script]
+    before = _snapshot(os.path.join(ROOT, "README.md"), os.path.join(ROOT, "benchmarks"))
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0 and "usage:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--sedes", "1"])  # a typo
+    assert exit_info.value.code == 2
+    _one_line(capsys, f"{script}.py", "unrecognized arguments: --sedes")
+    assert _snapshot(os.path.join(ROOT, "README.md"), os.path.join(ROOT, "benchmarks")) == before
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Benchmark scripts: a run directory is reused only when it holds exactly the run asked for
+
+
+def _fake_run(out, flags, steps_logged, adapter=True):
+    """A run directory as train.py leaves it: config.json of `flags`, metrics up to `steps_logged`, the adapter."""
+    out.mkdir(parents=True)
+    cfg = train.resolve_config(vars(train.build_parser().parse_args([*flags, "--out", str(out)])))
+    import dataclasses
+    (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, steps_logged + 1)))
+    if adapter:
+        (out / "adapter").mkdir()
+        (out / "adapter" / "adapter_config.json").write_text("{}")
+
+
+def test_a_run_is_reused_only_with_the_same_settings_and_all_its_steps(tmp_path):
+    flags = ["--preset", "tiny_parts", "--algo", "grpo", "--seed", "0"]
+    run = runner.Run("grpo-s0", str(tmp_path / "grpo-s0"), flags)
+    assert runner.run_state(run) == ("new", "")
+    _fake_run(tmp_path / "grpo-s0", [*flags, "--steps", "1"], 1)  # an earlier `--steps 1` trial, finished
+    state, why = runner.run_state(run)
+    assert state == "differs" and "steps=1" in why
+    assert runner.run_state(runner.Run("x", run.out, [*flags, "--steps", "1"]))[0] == "finished"
+    assert runner.run_state(runner.Run("x", run.out, [*flags, "--steps", "1", "--seed", "1"]))[0] == "differs"
+    shutil.rmtree(run.out)
+    _fake_run(tmp_path / "grpo-s0", flags, 29)  # stopped at step 29 of 30, no checkpoint to resume
+    assert runner.run_state(run)[0] == "differs"
+    (tmp_path / "grpo-s0" / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 31)))
+    assert runner.run_state(run) == ("finished", "")
+
+
+def test_second_task_stops_before_work_on_a_reused_looking_trial(tmp_path, nothing_runs, capsys):
+    runs = tmp_path / "runs"
+    for algo in ("grpo", "spiral"):
+        for seed in (0, 1):
+            _fake_run(runs / f"{algo}-s{seed}", ["--preset", "tiny_parts", "--algo", algo, "--seed", str(seed),
+                                                   "--no-plot", "--steps", "1"], 1)
+    shipped, before = _snapshot(os.path.join(ROOT, "benchmarks")), _snapshot(runs)
+    with pytest.raises(SystemExit) as exit_info:
+        second_task.main(["--seeds", "0,1", "--runs-dir", str(runs), "--out", str(tmp_path / "t")])
+    assert exit_info.value.code == 2
+    _one_line(capsys, "second_task.py", "grpo-s0 exists and cannot be reused", "steps=1", "--overwrite")
+    assert _snapshot(runs) == before and _snapshot(os.path.join(ROOT, "benchmarks")) == shipped
+    assert not list(tmp_path.glob("t.*"))
+
+
+@pytest.mark.parametrize("existing,message", [
+    ("t.md", "was not written by second_task.py"),  # a user's notes named like the result
+    ("t.png", "exists without"),
+])
+def test_second_task_never_replaces_a_file_it_did_not_write(existing, message, tmp_path, nothing_runs, capsys):
+    (tmp_path / existing).write_text("mine")
+    assert second_task.main(["--seeds", "0,1", "--runs-dir", str(tmp_path / "runs"),
+                             "--out", str(tmp_path / "t")]) == 2
+    _one_line(capsys, "second_task.py", message)
+    assert (tmp_path / existing).read_text() == "mine" and not (tmp_path / "runs").exists()
+
+
+def test_second_task_draws_no_point_a_short_run_did_not_have():
+    for values in ([0.5], [0.1, 0.3], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]):
+        x, y = second_task.smoothed(values)
+        assert len(x) == len(y) <= len(values) and 1 <= min(x) and max(x) <= len(values)
+        assert min(values) <= min(y) and max(y) <= max(values)
+    x, y = second_task.smoothed([0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    assert list(x) == [3.0, 4.0] and list(y) == pytest.approx([0.2, 0.4])
+
+
+@pytest.fixture
+def checkout_copy(tmp_path, monkeypatch):
+    """reproduce.py pointed at a copy of the README and benchmarks/: even a buggy reproduce.py cannot write the
+    repository's own files from a test."""
+    copy_root = tmp_path / "checkout"
+    (copy_root / "benchmarks").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "README.md"), copy_root / "README.md")
+    for made in reproduce.KEPT_FIGURES.values():
+        if os.path.exists(os.path.join(ROOT, made)):
+            shutil.copy(os.path.join(ROOT, made), copy_root / made)
+    monkeypatch.setattr(reproduce, "ROOT", str(copy_root))
+    monkeypatch.chdir(copy_root)
+    return copy_root
+
+
+def test_reproduce_refuses_a_run_directory_with_other_settings_before_any_work(tmp_path, checkout_copy, nothing_runs,
+                                                                               capsys):
+    runs = tmp_path / "runs"
+    _fake_run(runs / "tiny-spiral-s0", ["--preset", "tiny", "--seed", "0", "--steps", "3"], 3)
+    before, checkout = _snapshot(runs), _snapshot(checkout_copy)
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.main(["--seeds", "0,1", "--runs-dir", str(runs), "--update-readme"])
+    assert exit_info.value.code == 2
+    _one_line(capsys, "reproduce.py", "tiny-spiral-s0 exists and cannot be reused", "steps=3")
+    assert _snapshot(runs) == before and _snapshot(checkout_copy) == checkout
+
+
+def test_reproduce_rewrites_the_readme_only_when_told(tmp_path, checkout_copy, monkeypatch):
+    """Everything after training and evaluation, on made-up results: without --update-readme only RUNS is written."""
+    runs = tmp_path / "runs"
+    seeds = [0, 1]
+    for algo in ("spiral", "grpo"):
+        for s in seeds:
+            _fake_run(runs / f"tiny-{algo}-s{s}", ["--preset", "tiny", "--seed", str(s)]
+                      + (["--algo", "grpo"] if algo == "grpo" else []), 0)
+            keys = {"spiral": ["search_accuracy", "aggregation_accuracy", "rollout/entropy_search"],
+                    "grpo": ["accuracy", "rollout/entropy_grpo"]}[algo]
+            (runs / f"tiny-{algo}-s{s}" / "metrics.jsonl").write_text("".join(
+                json.dumps({"step": t, **{k: 0.02 * t + 0.1 * s for k in keys}}) + "\n" for t in range(1, 101)))
+    summary = lambda x: {"passk": {"k": [1, 2, 4, 8], "pass_at_k": [x] * 4, "tokens": [1] * 4, "budget": [1, 2, 4, 8],  # noqa: E731
+                                   "max_new_tokens": 12},
+                         "majority": {"k": [1, 2, 4, 8], "accuracy": [x] * 4, "tokens": [1] * 4,
+                                      "budget": [1, 2, 4, 8], "ties": [0] * 4, "votes": [1] * 4, "max_new_tokens": 12},
+                         "rsa": [{"population": 4, "set_size": 4, "step": [1, 2, 3], "pass_at_1": [x] * 3,
+                                  "tokens": [1] * 3, "budget": [1, 2, 3], "max_new_tokens": 12}]}
+
+    def fake_evaluate(cmd, *args, **kwargs):
+        out = cmd[cmd.index("--out") + 1]
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        policies = {"base": {"summary": summary(0.3)}}
+        policies.update({f"{a}-s{s}": {"summary": summary(0.5 + 0.1 * s)} for a in ("grpo", "spiral") for s in seeds})
+        open(out, "w").write(json.dumps({"policies": policies}))
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(reproduce.subprocess, "run", fake_evaluate)
+    monkeypatch.setattr(runner.subprocess, "Popen", lambda *a, **k: pytest.fail("trained a finished run"))
+    before = _snapshot(checkout_copy)
+    assert reproduce.main(["--seeds", "0,1", "--runs-dir", str(runs)]) == 0
+    assert _snapshot(checkout_copy) == before
+    report = (runs / "report.md").read_text()
+    assert "| pass@1 | 0.300 | 0.550 ± 0.071 [0.500, 0.600] | 0.550 ± 0.071 [0.500, 0.600] |" in report
+    assert "| search accuracy | 0.16 ± 0.07 [0.11, 0.21] |" in report  # steps 1-10 of 0.02 t + 0.1 s: 0.11 + 0.1 s
+    assert (runs / "seeds.png").stat().st_size > 10_000 and (runs / "eval" / "comparison.png").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# benchmarks/runner.py's parallel trainings, and reproduce.py's mean figure
+
+
+class FakeTraining:
+    """A stand-in for a train.py process: writes its metrics one step per poll, then exits with `code`."""
+
+    def __init__(self, out, steps, code, started):
+        self.out, self.steps, self.code, self.step, self.returncode = out, steps, code, 0, None
+        started.append(self)
+
+    def poll(self):
+        if self.step < self.steps:
+            self.step += 1
+            os.makedirs(self.out, exist_ok=True)
+            with open(os.path.join(self.out, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"step": self.step}) + "\n")
+            return None
+        self.returncode = self.code
+        return self.code
+
+    def send_signal(self, sig):
+        self.returncode = self.code = 130
+
+    def wait(self):
+        return self.code
+
+
+def test_trainings_run_a_few_at_a_time_and_a_failure_stops_the_rest(tmp_path, monkeypatch, capsys):
+    started, codes, jobs = [], {"a": 0, "b": 0, "c": 1, "d": 0}, [1]
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+
+    def popen(cmd, cwd, stdout, stderr):
+        out = cmd[cmd.index("--out") + 1]
+        running = [p for p in started if p.returncode is None]
+        assert len(running) < jobs[0]
+        return FakeTraining(out, 6 if out.endswith("d") else 3, codes[os.path.basename(out)], started)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+    runs = [(runner.Run(name, str(tmp_path / name), ["--preset", "tiny"]), []) for name in "ab"]
+    seconds = runner.train_all(runs, str(tmp_path), 1, {"a": 3, "b": 3}, "test")  # one after the other
+    assert sorted(seconds) == ["a", "b"] and [p.out for p in started] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    started.clear()
+    jobs[0] = 2
+    runs = [(runner.Run(name, str(tmp_path / name), ["--preset", "tiny"]), []) for name in "cd"]
+    with pytest.raises(SystemExit) as exit_info:
+        runner.train_all(runs, str(tmp_path), 2, {"c": 3, "d": 6}, "test")
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "test: error: training c failed (exit 1)" in err and f"log: {tmp_path / 'c.log'}" in err
+    assert started[1].code == 130 and started[1].step < 6  # the other run was stopped as Ctrl-C stops it
+
+
+def test_the_comparison_figure_draws_the_mean_over_seeds():
+    first = {"passk": {"k": [1, 2], "pass_at_k": [0.2, 0.4], "max_new_tokens": 12},
+             "rsa": [{"population": 4, "step": [1, 2], "pass_at_1": [0.1, 0.3]}]}
+    second = {"passk": {"k": [1, 2], "pass_at_k": [0.4, 0.8], "max_new_tokens": 12},
+              "rsa": [{"population": 4, "step": [1, 2], "pass_at_1": [0.3, 0.5]}]}
+    mean = reproduce.mean_summary([first, second])
+    assert mean["passk"]["k"] == [1, 2] and mean["passk"]["max_new_tokens"] == 12
+    assert mean["passk"]["pass_at_k"] == pytest.approx([0.3, 0.6])
+    assert mean["rsa"][0]["population"] == 4 and mean["rsa"][0]["pass_at_1"] == pytest.approx([0.2, 0.4])
+
+
+@pytest.mark.parametrize("script,flags,message", [
+    ("second_task", ["--out", "/proc/x/second_task"], "--out '/proc/x/second_task': /proc is not writable"),
+    ("second_task", ["--runs-dir", "/proc/x"], "--runs-dir '/proc/x'"),
+    ("second_task", ["--out", ""], "an empty path"),
+    ("reproduce", ["--runs-dir", "/proc/x"], "--runs-dir '/proc/x'"),
+])
+def test_an_unwritable_output_stops_the_script_before_any_training(script, flags, message, nothing_runs, capsys):
+    module = {"reproduce": reproduce, "second_task": second_task}[script]
+    try:
+        code = module.main(["--seeds", "0,1", *flags])
+    except SystemExit as exit_info:
+        code = exit_info.code
+    assert code == 2
+    _one_line(capsys, f"{script}.py", message)

@@ -1,0 +1,150 @@
+"""evaluate.py's bookkeeping, each test written against a bug a careful engineer could make (issue 28): majority@k's
+subsets drawn per problem, grader statistics per policy, calls planned on the whole request, and the cache's
+identity of a policy (the lock's order is in tests/test_user_files.py)."""
+
+import copy
+import itertools
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate
+import rollout
+from problemset import Problem
+from testtime import digest
+
+
+def _trace(answer: str) -> evaluate.Trace:
+    return evaluate.Trace(f"1 + 1 = \\boxed{{{answer}}}", 8, 20, False)
+
+
+class PoolSampler:
+    """Hands every problem the same pool of answers: only the problem's text differs."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def search(self, problems, count, max_new_tokens):
+        return [[_trace(a) for a in self.answers[:count]] for _ in problems]
+
+
+def _majority_cfg(seed=0):
+    return SimpleNamespace(num_samples=8, methods=["majority"], majority_max_new_tokens=12, max_new_tokens=12,
+                           k_list=[4], seed=seed, majority_subsets=32, max_tokens_list=[], rsa_populations=[])
+
+
+def test_majority_draws_its_own_subsets_for_each_problem():
+    """C(8, 4) = 70 subsets > 32: majority@4 averages 32 random ones. With one random stream for all problems,
+    problems with the same answers would get the same subsets and so exactly the same accuracy."""
+    problems = [Problem(f"What is {a} + {2 - a}?", "2") for a in range(-3, 3)]  # six texts, one gold answer
+    sampler = PoolSampler(["2", "2", "2", "3", "3", "4", "4", "5"])
+    accuracy = lambda cfg: [r["majority"][4]["accuracy"] for r in evaluate.evaluate_policy(problems, sampler, cfg)]  # noqa: E731
+    first = accuracy(_majority_cfg())
+    assert len(set(first)) > 1  # the subsets differ between problems
+    assert accuracy(_majority_cfg()) == first  # and are seeded: the same command, the same numbers
+    assert accuracy(_majority_cfg(seed=1)) != first
+    def expected(subset):  # ties broken uniformly: the share of the tie that is right
+        votes = Counter(sampler.answers[i] for i in subset)
+        leaders = [a for a, v in votes.items() if v == max(votes.values())]
+        return ("2" in leaders) / len(leaders)
+    exact = np.mean([expected(s) for s in itertools.combinations(range(8), 4)])  # the mean over all 70 subsets
+    assert abs(np.mean(first) - exact) < 0.1
+
+
+@pytest.fixture
+def tiny_policy(monkeypatch):
+    model, tokenizer = rollout.load_policy("tiny")
+    monkeypatch.setattr(rollout, "load_policy", lambda name, dtype="auto": (copy.deepcopy(model), tokenizer))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield model, tokenizer
+    torch.set_num_threads(previous)
+
+
+def _problems(path: Path, count: int) -> str:
+    path.write_text("".join(json.dumps({"problem": f"What is {a} + {a}?", "answer": str(2 * a)}) + "\n"
+                            for a in range(1, count + 1)))
+    return str(path)
+
+
+SHORT = ["--preset", "tiny", "--method", "passk", "--num-samples", "2", "--max-new-tokens", "8"]
+
+
+def test_grader_statistics_are_counted_per_policy(tiny_policy, tmp_path, monkeypatch):
+    """Each policy reports the answers the grader left without a verdict while grading that policy only."""
+    graded = {"n": 0}
+
+    def reward_without_verdict(text, gold):
+        graded["n"] += 1
+        return 0.0
+
+    monkeypatch.setattr(evaluate, "reward", reward_without_verdict)
+    monkeypatch.setattr(evaluate.grader, "grader_stats", lambda: {"ungraded": graded["n"], "timeouts": 0,
+                                                                  "worker_restarts": 0, "start_failures": 0})
+    data = _problems(tmp_path / "p.jsonl", 2)
+    assert evaluate.main([*SHORT, "--data", data, "--policy", "a=tiny", "--policy", "b=tiny", "--policy", "c=tiny",
+                          "--out", str(tmp_path / "r.json")]) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    counts = [result["policies"][label]["grader"]["ungraded"] for label in "abc"]
+    assert counts == [2 * 2] * 3 and graded["n"] == 3 * 2 * 2  # 2 problems x 2 traces each, per policy
+
+
+def _cache_file_of(cache: Path, problem: str) -> Path:
+    wanted = digest(rollout.search_prompt(problem))
+    (path,) = [p for p in cache.glob("*.json") if json.loads(p.read_text())["key"].get("prompt") == wanted]
+    return path
+
+
+def test_a_corrupted_file_is_redrawn_in_the_call_a_cold_run_made(tiny_policy, tmp_path, capsys):
+    """Calls are planned on the whole request, cached or not: 4 problems in calls of 2. When problem 3's file is
+    corrupted, its call [3, 4] is drawn again with that call's seed. Planned on the missing traces only, the four
+    problems would make one call [1, 2, 3, 4], another seed, other traces."""
+    data, cache = _problems(tmp_path / "p.jsonl", 4), tmp_path / "cache"
+    flags = [*SHORT, "--data", data, "--policy", "base=tiny", "--tokens-per-call", "32", "--cache-dir", str(cache)]
+    assert evaluate.main([*flags, "--out", str(tmp_path / "cold.json")]) == 0
+    cold = json.loads((tmp_path / "cold.json").read_text())["policies"]["base"]
+    third = _cache_file_of(cache, "What is 3 + 3?")
+    drawn = json.loads(third.read_text())["traces"]
+    third.write_text('{"key": ')  # torn
+    assert evaluate.main([*flags, "--out", str(tmp_path / "again.json")]) == 0
+    assert "corrupted cache file" in capsys.readouterr().err
+    assert json.loads(third.read_text())["traces"] == drawn
+    assert json.loads((tmp_path / "again.json").read_text())["policies"]["base"]["problems"] == cold["problems"]
+
+
+def _identity(adapter, engine="hf", **settings):
+    cfg = SimpleNamespace(**{"seed": 0, "temperature": 1.0, "generation": "auto", **settings})
+    return evaluate.policy_identity({"model": "tiny", "adapter": str(adapter) if adapter else None}, cfg,
+                                    torch.float32, engine)
+
+
+def test_the_cache_knows_a_policy_by_its_bytes_and_sampling_settings_not_its_path(tmp_path):
+    from tests.test_evaluate import _random_adapter
+
+    model, _ = rollout.load_policy("tiny")
+    adapter = _random_adapter(model, tmp_path / "a", ("default", "aggregator"))
+    moved = Path(shutil.copytree(adapter, tmp_path / "elsewhere" / "a"))
+    assert _identity(moved) == _identity(adapter)  # a copy anywhere is the same policy: its traces are reused
+    base = _identity(None)
+    assert base["adapter"] is None and _identity(adapter) != base
+    for setting in [{"seed": 1}, {"temperature": 0.7}, {"engine": "fast"}]:  # the engine --generation auto resolved
+        assert _identity(adapter, **setting) != _identity(adapter)
+    assert evaluate.policy_identity({"model": "tiny", "adapter": str(adapter)}, SimpleNamespace(
+        seed=0, temperature=1.0, generation="hf"), torch.bfloat16) != _identity(adapter)
+    weights = moved / "aggregator" / "adapter_model.safetensors"  # only phi changes: RSA's traces must change
+    raw = bytearray(weights.read_bytes())
+    raw[-1] ^= 1
+    weights.write_bytes(bytes(raw))
+    assert _identity(moved) != _identity(adapter)
+    shutil.rmtree(moved)
+    shutil.copytree(adapter, moved)
+    config = json.loads((moved / "adapter_config.json").read_text())
+    config["lora_alpha"] = 2 * config["lora_alpha"]  # same weights, another scale: another policy
+    (moved / "adapter_config.json").write_text(json.dumps(config))
+    assert _identity(moved) != _identity(adapter)
