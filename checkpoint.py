@@ -38,7 +38,10 @@ from lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_names, export_adapters
 
 # Every name a run writes in OUT and in OUT/checkpoint, with the temporary names of lora.write_json_atomic,
 # lora.replace_dir, lora.export_adapters and save_checkpoint (left behind by a crash).
-RUN_ENTRY = re.compile(r"(config\.json|metrics\.jsonl|metrics\.png|adapter|base|checkpoint)(\.(tmp|tmp-all|old)-\d+)?")
+# trl_spiral.py's run directories also hold what TRL writes there: checkpoint-N, completions/, runs/ (TensorBoard) and,
+# from its first version, trl/.
+RUN_ENTRY = re.compile(r"(config\.json|metrics\.jsonl|metrics\.png|adapter|base|checkpoint|checkpoint-\d+|completions|"
+                       r"runs|trl)(\.(tmp|tmp-all|old)-\d+)?")
 CHECKPOINT_ENTRY = re.compile(r"latest(\.tmp-\d+)?|step-\d+(\.old-\d+)?|\.step-\d+\.tmp-\d+")
 STEP_DIR = re.compile(r"step-(\d+)")
 
@@ -166,10 +169,15 @@ def save_checkpoint(out_dir: str, *, model, optimizer, step: int, data_state: di
         if entry not in (name, "latest") and CHECKPOINT_ENTRY.fullmatch(entry):
             path = os.path.join(root, entry)
             shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+    delete_moved_aside(out_dir)
+    return os.path.join(root, name)
+
+
+def delete_moved_aside(out_dir: str) -> None:
+    """Delete the old run that --overwrite moved aside (move_aside), once the new run has saved a checkpoint."""
     old_run = _MOVED_ASIDE.pop(os.path.abspath(out_dir), None)
     if old_run:
         shutil.rmtree(old_run, ignore_errors=True)
-    return os.path.join(root, name)
 
 
 def latest_checkpoint(out_dir: str) -> str | None:
@@ -261,7 +269,8 @@ def saved_config(out_dir: str) -> dict | None:
 # The run directory: what --overwrite may replace, and how
 
 
-def out_dir_problem(out_dir: str, *, resume: bool, overwrite: bool, keep: dict[str, str]) -> str | None:
+def out_dir_problem(out_dir: str, *, resume: bool, overwrite: bool, keep: dict[str, str],
+                    resume_flag: str = "--resume") -> str | None:
     """Why a run may not write to out_dir, or None. A new run needs an absent or empty directory; --resume needs a
     checkpoint (or the config.json of a run that crashed before one); --overwrite needs a directory holding only
     what a run writes and none of `keep` (flag -> path: the model it trains, ...). All need write access."""
@@ -278,10 +287,10 @@ def out_dir_problem(out_dir: str, *, resume: bool, overwrite: bool, keep: dict[s
     if why:
         return f"--out {out_dir!r}: {why}"
     if resume and saved_config(out_dir) is None:
-        return f"--resume: no checkpoint in {out_dir}"
+        return f"{resume_flag}: no checkpoint in {out_dir}"
     if not resume and os.path.isdir(out_dir) and os.listdir(out_dir):
         if not overwrite:
-            return f"--out {out_dir} already exists; pass --resume to continue it or --overwrite to replace it"
+            return f"--out {out_dir} already exists; pass {resume_flag} to continue it or --overwrite to replace it"
         foreign = foreign_entries(out_dir)
         if foreign:
             return (f"--overwrite: {out_dir} does not look like a run directory (a run does not write {foreign[0]}); "

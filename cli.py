@@ -87,9 +87,10 @@ def check_count(name: str, value, limit: int = MAX_COUNT, why: str = "") -> None
 # train.py
 
 
-def validate(cfg) -> list:
+def validate(cfg, resume_flag: str = "--resume") -> list:
     """Every check of a TrainConfig that needs no model; raises ConfigError, returns the training problems, touches
-    nothing (the run directory's lock comes after, in train.main)."""
+    nothing (the run directory's lock comes after, in train.main). `resume_flag`: the flag errors name (trl_spiral.py's
+    is --resume_from_checkpoint)."""
     counts = ["steps", "save_every", "batch_problems", "num_search", "set_size", "num_sets", "num_aggregations",
               "group_size", "max_new_tokens", "max_prompt_tokens", "lora_rank", "micro_batch_tokens",
               "logprob_chunk_size", "max_draws", "target_length", "generation_batch_size", "generation_tokens",
@@ -130,9 +131,10 @@ def validate(cfg) -> list:
         raise ConfigError(f"--{'separate-aggregator' if cfg.separate_aggregator else 'unbiased-set-rl'} needs "
                           "--algo spiral (GRPO has no aggregation traces)")
     if cfg.resume and cfg.overwrite:
-        raise ConfigError("--resume and --overwrite exclude each other")
+        raise ConfigError(f"{resume_flag} and --overwrite exclude each other")
     problem = checkpoint.out_dir_problem(cfg.out, resume=cfg.resume, overwrite=cfg.overwrite,
-                                         keep={"--model": cfg.model, "--data": cfg.data, "the current directory": "."})
+                                         keep={"--model": cfg.model, "--data": cfg.data, "the current directory": "."},
+                                         resume_flag=resume_flag)
     if problem:
         raise ConfigError(problem)
     if cfg.resume:

@@ -1,48 +1,46 @@
 """SPIRAL on TRL: Algorithm 1 with TRL's GRPOTrainer doing the optimisation (checked against trl 1.16.0, peft 0.21.2).
 
-For a user who already trains with TRL (several GPUs through `accelerate launch`, vLLM generation, TRL's logging).
-Nothing SPIRAL is re-implemented here; the subclass routes TRL's two seams to the project's own code:
+For a user who already trains with TRL: TRL's flags (`TrlParser` over GRPOConfig, `--config recipe.yaml`; trl_args.py),
+several processes through `accelerate launch` (DDP, ZeRO-3; FSDP with vLLM only), vLLM generation, `report_to`,
+`save_steps` checkpoints and `--resume_from_checkpoint`. Nothing SPIRAL is re-implemented; the subclass routes TRL's
+two seams to this project:
   Algorithm 1, lines 1-13 and line 15's advantage   spiral.collect_spiral, unchanged (search traces, K sets of n,
       aggregation traces, rewards, advantages, dynamic sampling), in SpiralGRPOTrainer._generate_and_score_completions.
   Lines 14-18                                       train.importance_sampling_loss on TRL's (B, T) tensors, with
       train.loss_normalizer's constant C = |B| (N1 + K N2) L, in SpiralGRPOTrainer._compute_loss.
-TRL's rollout_func is not used: TRL would then score and normalise the rows as GRPO groups (and log a warning
-every step for the search rows, which have no reward); SPIRAL's advantages need the sets, which only the rollout
-knows.
+TRL's rollout_func is not used: TRL would then score and normalise the rows as GRPO groups.
 
-Every TRL setting that changes the update is pinned to train.py's (`grpo_args`): one AdamW step per batch
-(num_iterations 1, steps_per_generation = gradient_accumulation_steps), constant learning rate (TRL: linear decay) at
-train.py's (TRL: 1e-6), betas (0.9, 0.95), no weight decay, clip 1.0, no KL (beta 0), LoRA r = alpha = 32 on the
-seven projections through peft, bf16 and gradient checkpointing as train.py's --dtype and --gradient-checkpointing,
-plain sampling (top_k 0, top_p 1).
+Settings. SpiralArguments holds SPIRAL's own (train.py's flags of the same meaning, from the same presets); TRL's go by
+TRL's names, with train.py's values as defaults (learning_rate, max_steps, max_completion_length, temperature, the AdamW
+settings, ...). Settings that would make the update something other than Algorithm 1's are PINNED (or DERIVED from
+N1, K, N2 and |B|): passing another value is a one-line error that says why.
 
 Where this departs from train.py:
   1. LoRA through peft: the same rank, alpha and modules, but peft's own initialisation (so not bit-identical).
-  2. --batch-problems counts problems per process. With one process, dynamic sampling is train.py's (redraws until
-     |B| problems carry signal, up to --max-draws). With several, every process must make the same generate calls
+  2. --batch_problems counts problems per process. With one process, dynamic sampling is train.py's (redraws until
+     |B| problems carry signal, up to --max_draws). With several, every process must make the same generate calls
      (vLLM server mode gathers them), so nothing is redrawn: problems without signal drop out of the batch and of C,
-     as in train.py when --max-draws ends a step early. Rows TRL expects but no kept problem fills are padded with
-     advantage-0 rows, which add exactly 0 to the gradient.
-  3. --use-vllm: TRL's vLLM engine samples both stages (sampler log-probs from vLLM, no sampler entropies, so no
-     rollout/entropy_* columns). Not run here: it needs a GPU and `pip install trl[vllm]`.
-  4. No --resume, --separate-aggregator or --algo grpo (train.py has them; TRL's GRPOTrainer is the GRPO baseline).
+     and their rows are padded with advantage-0 rows, which add exactly 0 to the gradient.
+  3. --use_vllm: TRL's vLLM engine samples both stages (no sampler entropies, so no rollout/entropy_* columns).
+     Not run here: it needs a GPU and `pip install trl[vllm]`.
+  4. No --separate-aggregator or --algo grpo (TRL's own GRPOTrainer is the GRPO baseline). Checkpoints are TRL's
+     (OUT/checkpoint-N, with SPIRAL's sampling state in spiral_state.json); OUT/adapter is written at the end.
   5. With several processes, metrics.jsonl holds process 0's rollout metrics (its problems only); C counts all.
 
     python trl_spiral.py --preset tiny                                       # CPU, writes runs/tiny-trl/metrics.jsonl
-    accelerate launch trl_spiral.py --model Qwen/Qwen3-4B-Instruct-2507 --use-vllm    # GPUs; --help for the rest
+    accelerate launch --config_file recipe/trl/ddp.yaml trl_spiral.py --config recipe/trl/paper.yaml  # GPUs
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import sys
 import time
-import typing
-from dataclasses import dataclass
 from unittest import mock
 
 import numpy as np
@@ -53,73 +51,36 @@ import cli
 import rollout
 import spiral
 import train
-from lora import TARGET_MODULES
+from lora import TARGET_MODULES, write_json_atomic
 from problemset import Problem
 from rollout import Completion
+from trl_args import parse_args
 
 try:
     import peft
     import trl
+    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+    from trl.models import unwrap_model_for_generation
     MISSING = None
 except ImportError as exc:  # main() says so in one line; SpiralGRPOTrainer needs trl
     GRPOConfig = GRPOTrainer = peft = trl = None
+    TrainerCallback = object
     MISSING = exc
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings the Hub from every trainer it builds
 TESTED_WITH = {"trl": "1.16.0", "peft": "0.21.2"}  # this file overrides two private GRPOTrainer methods: pin TRL
+STATE_FILE = "spiral_state.json"  # in each OUT/checkpoint-N: the set draws' and problem redraws' state, per process
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 1. Configuration: train.py's TrainConfig (same flags, presets, defaults and checks) plus TRL's own settings
-
-SHARED = ["preset", "model", "data", "steps", "out", "overwrite", "seed", "batch_problems", "max_draws", "num_search",
-          "set_size", "num_sets", "num_aggregations", "max_new_tokens", "max_prompt_tokens", "target_length",
-          "unbiased_set_rl", "temperature", "lr", "lora_rank", "lora_alpha", "weight_decay", "adam_beta1",
-          "adam_beta2", "adam_eps", "max_grad_norm", "dtype", "gradient_checkpointing", "device", "cpu_threads"]
-
-
-@dataclass
-class EngineConfig:
-    """TRL-only settings; everything SPIRAL is a train.TrainConfig field with train.py's meaning."""
-
-    gradient_accumulation_steps: int = train.option(1, "TRL: micro-batches per optimizer step (one step per batch "
-                                                       "of rollouts either way; C does not depend on it)")
-    use_vllm: bool = train.option(False, "TRL: sample with vLLM (needs a GPU and trl[vllm])")
-    vllm_mode: typing.Literal["colocate", "server"] = train.option("colocate", "TRL: vLLM in this process "
-                                                                   "(colocate) or a `trl vllm-serve` server")
-
-
-def grpo_args(cfg: train.TrainConfig, eng: EngineConfig, output_dir: str):
-    """GRPOConfig with every setting that changes the update pinned to train.py's (see the module docstring).
-
-    Rows per optimizer step per process = |B| (N1 + K N2); TRL's num_generations is N1 + K N2, so each problem's
-    rows form one of TRL's groups, and a process's generation batch holds whole groups only.
-    """
-    G = cfg.num_search + cfg.num_sets * cfg.num_aggregations  # rows per problem: 24 in the paper
-    bf16 = rollout.resolve_dtype(cfg.dtype, cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    return GRPOConfig(
-        output_dir=output_dir, max_steps=cfg.steps, seed=cfg.seed, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, use_cpu=cfg.device == "cpu", remove_unused_columns=False,
-        # One optimizer step per batch of rollouts, so TRL's PPO ratio stays 1 and its clip never acts.
-        per_device_train_batch_size=cfg.batch_problems * G // eng.gradient_accumulation_steps,
-        gradient_accumulation_steps=eng.gradient_accumulation_steps, num_iterations=1, num_generations=G,
-        # AdamW exactly as train.py's, at a constant learning rate (TRL defaults: linear decay from 1e-6).
-        learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
-        adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_epsilon=cfg.adam_eps,
-        weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
-        bf16=bf16 == torch.bfloat16, gradient_checkpointing=cfg.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False},
-        # No KL, no reward scaling; the loss itself is SpiralGRPOTrainer._compute_loss.
-        beta=0.0, scale_rewards="none", loss_type="dr_grpo", vllm_importance_sampling_correction=False,
-        # Plain sampling from softmax(logits / T), the policy the gradient is for (rollout.py, choice 1).
-        temperature=cfg.temperature, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
-        max_completion_length=cfg.max_new_tokens, use_vllm=eng.use_vllm, vllm_mode=eng.vllm_mode)
+# 1. Configuration: trl_args.py (SpiralArguments, TRL's settings with train.py's defaults, PINNED, derived_settings);
+#    here, the adapter and the reward function TRL is built with
 
 
 def lora_config(cfg: train.TrainConfig):
     """peft's LoraConfig for train.py's adapter: r, alpha, lora.TARGET_MODULES, no dropout, no bias."""
     return peft.LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(TARGET_MODULES),
-                      lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+                           lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
 
 
 def aggregation_reward(completions, answer, **_):
@@ -131,12 +92,12 @@ def aggregation_reward(completions, answer, **_):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 2. Generation backends with rollout.generate's signature
+# 2. Generation through TRL's vLLM engine, with rollout.generate's signature
 
 
 def vllm_generate(trainer):
     """rollout.generate through TRL's vLLM engine: the same Completions (cut at the first EOS, sampler log-probs), no
-    entropies. Temperature and max tokens are the trainer's, which grpo_args sets from the same config."""
+    entropies. Temperature and max tokens are the trainer's, which come from the same flags."""
 
     def generate(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, temperature=1.0, **_):
         assert (max_new_tokens, temperature) == (trainer.max_completion_length, trainer.temperature)
@@ -173,15 +134,21 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
 
     `spiral_config`: the train.TrainConfig of the run (N1, n, K, N2, L, T, ...); `problems`: the training problems,
     from which dynamic sampling redraws. After each optimizer step, train.py's metrics row is appended to
-    `metrics_path` (when set) and added to TRL's logs.
+    `metrics_path` (when set, by process 0 only) and added to TRL's logs.
     """
+
+    # The loss divides by the whole batch's C (train.loss_normalizer), the same in every micro-batch: TRL's
+    # training_step must not divide it again by the gradient-accumulation steps.
+    loss_is_scaled_for_ga = True
 
     def __init__(self, *args, spiral_config: train.TrainConfig, problems: list[Problem], **kwargs):
         super().__init__(*args, **kwargs)
         self.spiral, self.metrics_path, self.last_rollouts = spiral_config, None, None
-        self._np_rng = np.random.default_rng(spiral_config.seed)  # Algorithm 1, line 5's set draws
+        rank = self.accelerator.process_index  # each process draws its own sets; process 0's are train.py's
+        self._np_rng = np.random.default_rng(spiral_config.seed if rank == 0 else [spiral_config.seed, rank])
         self._redraw = train.ProblemStream(problems, spiral_config.seed)  # dynamic sampling's extra problems
         self._row, self._stats, self._rollout_end = {}, None, 0.0
+        self.add_callback(SpiralStateCallback(self))
 
     def _generate_and_score_completions(self, inputs):
         """Algorithm 1, lines 1-13 and line 15's advantage for this process's problems (spiral.collect_spiral), as
@@ -194,8 +161,6 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         problems = [Problem(x["prompt"], x["answer"]) for x in inputs[::G]]  # (B / G,) problems x
         queue = list(problems)
         several = self.accelerator.num_processes > 1  # every process must make the same generate calls: no redraw
-        model = self.accelerator.unwrap_model(self.model)
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's LoRA is inside it
         backend = contextlib.nullcontext()
         if self.use_vllm:
             if self.state.global_step != self._last_loaded_step:  # push the LoRA-merged weights to vLLM, as TRL does
@@ -203,7 +168,14 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
                 self._last_loaded_step = self.state.global_step
             backend = mock.patch.object(spiral, "generate", vllm_generate(self))  # collect_spiral has no generate=
         start = time.perf_counter()
-        with torch.no_grad(), backend:
+        # As TRL's own generation: ZeRO-3's parameters gathered (and its hooks off) for the whole rollout, so that each
+        # process generates alone. (FSDP would gather per forward, a collective: parse_args refuses it without vLLM.)
+        gathered = unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                               gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                               gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
+        with gathered as unwrapped, torch.no_grad(), backend, \
+                self._dist.summon_full_params(self.model_wrapped, recurse=False):
+            model = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # LoRA inside
             rollouts = spiral.collect_spiral(
                 model, tokenizer, lambda: queue.pop(0) if queue else self._redraw(), batch_problems=len(problems),
                 num_search=cfg.num_search, set_size=cfg.set_size, num_sets=cfg.num_sets,
@@ -235,12 +207,7 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
             # gradients, so each divides by C / processes and the average is the sum over all of them / C.
             "normalizer": torch.tensor(C / self.accelerator.num_processes, dtype=torch.float64),
         }
-        if self.log_completions:  # TRL's completions table, with SPIRAL's advantages and rewards
-            self._logs["prompt"].extend(tokenizer.decode(s.prompt_ids) for s in samples)
-            self._logs["completion"].extend(tokenizer.decode(s.completion_ids) for s in samples)
-            for name in self.reward_func_names:
-                self._logs["rewards"][name].extend(math.nan if s.reward is None else s.reward for s in samples)
-            self._logs["advantages"].extend(s.advantage for s in samples)
+        self._log_trl_metrics(samples, rollout.eos_token_ids(model, tokenizer))
         tokens = rollouts.metrics["tokens_generated"]
         self._row = {**rollouts.metrics, "train/loss_normalizer": C, "time/rollout_s": seconds,
                      "time/generated_tokens_per_s": tokens / max(seconds, 1e-9)}
@@ -248,14 +215,44 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         self._rollout_end = time.perf_counter()
         return {key: value.to(device) for key, value in output.items()}
 
+    def _log_trl_metrics(self, samples, eos_ids) -> None:
+        """TRL's own columns (num_tokens, completions/*, reward*) over the rows trained (the kept problems') of all
+        processes; reward is r(x, y) of their aggregation traces (the only graded ones); and TRL's completions table
+        when asked for (--log_completions)."""
+        from accelerate.utils import gather_object
+
+        lengths = gather_object([len(s.completion_ids) for s in samples])
+        prompt_tokens = gather_object([len(s.prompt_ids) for s in samples])
+        truncated = gather_object([s.completion_ids[-1] not in eos_ids for s in samples])  # no EOS: cut at L
+        rewards = gather_object([s.reward for s in samples if s.reward is not None])
+        self.state.num_input_tokens_seen += sum(lengths) + sum(prompt_tokens)
+        metrics = self._metrics["train"]
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+        if lengths:
+            metrics["completions/mean_length"].append(float(np.mean(lengths)))
+            metrics["completions/min_length"].append(float(min(lengths)))
+            metrics["completions/max_length"].append(float(max(lengths)))
+            metrics["completions/clipped_ratio"].append(float(np.mean(truncated)))
+        if rewards:
+            for key in ("reward", f"rewards/{self.reward_func_names[0]}/mean"):
+                metrics[key].append(float(np.mean(rewards)))
+            for key in ("reward_std", f"rewards/{self.reward_func_names[0]}/std"):
+                metrics[key].append(float(np.std(rewards)))
+        if self.log_completions:  # TRL's completions table, with SPIRAL's advantages and rewards
+            self._logs["prompt"].extend(self.processing_class.decode(s.prompt_ids) for s in samples)
+            self._logs["completion"].extend(self.processing_class.decode(s.completion_ids) for s in samples)
+            for name in self.reward_func_names:
+                self._logs["rewards"][name].extend(math.nan if s.reward is None else s.reward for s in samples)
+            self._logs["advantages"].extend(s.advantage for s in samples)
+
     def _compute_loss(self, model, inputs):
         """Algorithm 1, lines 14-18 on one micro-batch: train.importance_sampling_loss over its completion tokens,
 
             loss = -(1/C) sum_t exp(log pi_theta(y_t) - log pi_sampler(y_t)) A_t,
 
-        with the whole batch's C, so micro-batches and processes add up to train.py's loss (TRL does not rescale
-        it: GRPOTrainer.loss_is_scaled_for_ga). pi_theta's log-probs come from TRL's own forward (through the DDP
-        wrapper, so gradients are synchronised), at the sampling temperature.
+        with the whole batch's C, so micro-batches and processes add up to train.py's loss (loss_is_scaled_for_ga).
+        pi_theta's log-probs come from TRL's own forward (through the DDP wrapper, so gradients are synchronised), at
+        the sampling temperature.
         """
         completion_ids = inputs["completion_ids"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)  # (B, P + T)
@@ -270,6 +267,10 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         adv_BT = adv_B[:, None].expand_as(logps_BT)  # (B, T): every token carries its trace's A
         loss, ratio_N = train.importance_sampling_loss(logps_BT[mask_BT], sampler_BT[mask_BT], adv_BT[mask_BT],
                                                        float(inputs["normalizer"]))
+        entropy_N = entropy_BT[mask_BT].detach()  # (N,)
+        self._metrics["train"]["entropy"].append(  # TRL's column: mean over the trained tokens of all processes
+            float(self.accelerator.gather(entropy_N.sum()[None]).sum() / self.accelerator.gather(
+                torch.tensor([entropy_N.numel()], device=entropy_N.device)).sum().clamp(min=1)))
         if self._stats is not None:  # train.py's train/* metrics, over trained samples only
             s = self._stats
             s["loss"] += loss.item()
@@ -307,54 +308,79 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
                 checkpoint.append_metrics(self.metrics_path, row)
                 print(f"trl_spiral.py: step {row['step']}/{self.state.max_steps}: accuracy search "
                       f"{row['search_accuracy']:.3f}, aggregation {row['aggregation_accuracy']:.3f}; problems kept "
-                      f"{row['problems_kept']}/{row['problems_drawn']}")
+                      f"{row['problems_kept']}/{row['problems_drawn']}", flush=True)
         super().log(logs, start_time)
+
+    def create_model_card(self, *args, **kwargs):
+        """No README.md in the run directory: it could not be told from a user's file (see checkpoint.RUN_ENTRY)."""
+
+    # SPIRAL's sampling state in TRL's checkpoints, so that --resume_from_checkpoint equals an unbroken run.
+
+    def spiral_state(self) -> dict:
+        return {"numpy": self._np_rng.bit_generator.state, "data": self._redraw.state()}
+
+    def load_spiral_state(self, checkpoint_dir: str) -> None:
+        """This process's entry of checkpoint_dir/spiral_state.json: set draws and redraws continue where they were."""
+        states = read_spiral_states(checkpoint_dir, self.accelerator.num_processes)
+        state = states[self.accelerator.process_index]
+        self._np_rng.bit_generator.state = state["numpy"]
+        self._redraw = train.ProblemStream(self._redraw.problems, self.spiral.seed,
+                                           **checkpoint.data_position({"data": state["data"]}, self._redraw.problems))
+
+
+class SpiralStateCallback(TrainerCallback):
+    """After TRL writes OUT/checkpoint-N, process 0 adds spiral_state.json with every process's SPIRAL state (the
+    other processes write nothing there), and the old run that --overwrite moved aside is deleted."""
+
+    def __init__(self, trainer: SpiralGRPOTrainer):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        from accelerate.utils import gather_object
+
+        states = gather_object([self.trainer.spiral_state()])  # one per process, in process order
+        if self.trainer.accelerator.is_main_process:
+            path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", STATE_FILE)
+            write_json_atomic(path, {"processes": states})
+            checkpoint.delete_moved_aside(args.output_dir)
+        return control
+
+
+def read_spiral_states(checkpoint_dir: str, processes: int) -> list[dict]:
+    """spiral_state.json's per-process states, checked: CheckpointError if missing, corrupt or for another number of
+    processes (each process's set draws continue its own stream)."""
+    path = os.path.join(checkpoint_dir, STATE_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise checkpoint.CheckpointError(f"{path} is missing or corrupt ({checkpoint.first_line(exc)})") from None
+    states = saved.get("processes") if isinstance(saved, dict) else None
+    if not isinstance(states, list) or not all(isinstance(s, dict) and {"numpy", "data"} <= set(s) for s in states):
+        raise checkpoint.CheckpointError(f"{path} is corrupt (no per-process SPIRAL state)")
+    if len(states) != processes:
+        raise checkpoint.CheckpointError(f"{path} was written by {len(states)} processes, this run has {processes}; "
+                                         "resume with the same number of processes")
+    return states
 
 
 # ======================================================================================================================
-# Plumbing below: the command line and input validation.
+# Plumbing below: input validation (the command line itself is trl_args.parse_args) and the run directory.
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """train.py's flags for SHARED fields (same help, same defaults and presets) plus EngineConfig's."""
-    parser = cli.OneLineParser(prog="trl_spiral.py", description=__doc__.split("\n\n")[0],
-                           argument_default=argparse.SUPPRESS)
-    hints = typing.get_type_hints(train.TrainConfig) | typing.get_type_hints(EngineConfig)
-    fields = [f for f in dataclasses.fields(train.TrainConfig) if f.name in SHARED] + list(dataclasses.fields(EngineConfig))
-    for f in fields:
-        flag, tp, help_text = "--" + f.name.replace("_", "-"), hints[f.name], f.metadata["help"]
-        if tp is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
-        elif typing.get_origin(tp) is typing.Literal:
-            parser.add_argument(flag, choices=typing.get_args(tp), help=help_text)
-        else:
-            parser.add_argument(flag, type=cli.converter(tp, flag), metavar=f.name.upper(), help=help_text)
-    return parser
-
-
-def resolve(argv) -> tuple[train.TrainConfig, EngineConfig, list[Problem]]:
-    """Flags -> (TrainConfig, EngineConfig, problems), every check done and nothing written; ConfigError if bad."""
+def resolve(argv) -> tuple[train.TrainConfig, GRPOConfig, list[Problem]]:
+    """Flags -> (TrainConfig, GRPOConfig, problems), every check done and nothing written; ConfigError if bad."""
     if MISSING is not None:
         raise cli.ConfigError(f"needs trl and peft ({MISSING}); pip install trl=={TESTED_WITH['trl']} "
-                                f"peft=={TESTED_WITH['peft']}")
-    explicit = vars(build_parser().parse_args(argv))
-    eng = EngineConfig(**{f.name: explicit.pop(f.name) for f in dataclasses.fields(EngineConfig)
-                          if f.name in explicit})
-    explicit.setdefault("out", os.path.join("runs", f"{explicit.get('preset', 'paper')}-trl"))
-    cfg = train.resolve_config(explicit)
-    problems = cli.validate(cfg)
-    if (trl.__version__, peft.__version__) != (TESTED_WITH["trl"], TESTED_WITH["peft"]):
+                              f"peft=={TESTED_WITH['peft']}")
+    _, args, cfg = parse_args(argv)
+    problems = cli.validate(cfg, resume_flag="--resume_from_checkpoint")
+    if args.use_vllm and not (torch.cuda.is_available() and _installed("vllm")):
+        raise cli.ConfigError("--use_vllm needs a CUDA GPU and vllm (pip install trl[vllm])")
+    if (trl.__version__, peft.__version__) != (TESTED_WITH["trl"], TESTED_WITH["peft"]) and args.process_index == 0:
         print(f"trl_spiral.py: checked with trl {TESTED_WITH['trl']} and peft {TESTED_WITH['peft']}; you have trl "
               f"{trl.__version__} and peft {peft.__version__}, whose private GRPOTrainer methods may differ")
-    G = cfg.num_search + cfg.num_sets * cfg.num_aggregations
-    cli.need(eng.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", eng.gradient_accumulation_steps,
-                "a positive integer")
-    cli.need(cfg.batch_problems * G % eng.gradient_accumulation_steps == 0, "gradient_accumulation_steps",
-                eng.gradient_accumulation_steps, f"a divisor of the {cfg.batch_problems * G} rows per step "
-                                                 f"(--batch-problems x (N1 + K N2))")
-    if eng.use_vllm and not (torch.cuda.is_available() and _installed("vllm")):
-        raise cli.ConfigError("--use-vllm needs a CUDA GPU and vllm (pip install trl[vllm])")
-    return cfg, eng, problems
+    return cfg, args, problems
 
 
 def _installed(name: str) -> bool:
@@ -362,57 +388,134 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def build_trainer(cfg: train.TrainConfig, eng: EngineConfig, model, tokenizer, problems) -> SpiralGRPOTrainer:
+def resume_checkpoint(cfg: train.TrainConfig, args) -> str | None:
+    """--resume_from_checkpoint: `true`/`latest` for the newest OUT/checkpoint-N holding spiral_state.json, or a path;
+    that checkpoint and OUT/config.json are checked against this run's settings (ConfigError / CheckpointError)."""
+    if args.resume_from_checkpoint is None:
+        return None
+    if args.resume_from_checkpoint.lower() in ("true", "latest"):
+        steps = [e for e in os.listdir(cfg.out) if e.startswith("checkpoint-") and e[11:].isdigit()
+                 and os.path.isfile(os.path.join(cfg.out, e, STATE_FILE))]
+        if not steps:
+            raise cli.ConfigError(f"--resume_from_checkpoint: no complete checkpoint-N in {cfg.out}")
+        path = os.path.join(cfg.out, max(steps, key=lambda e: int(e[11:])))
+    else:
+        path = args.resume_from_checkpoint
+        if not os.path.isfile(os.path.join(path, "trainer_state.json")):
+            raise cli.ConfigError(f"--resume_from_checkpoint {path}: not a TRL checkpoint (no trainer_state.json)")
+    read_spiral_states(path, args.world_size)
+    saved = checkpoint.saved_config(cfg.out) or {}
+    for key, value in dataclasses.asdict(cfg).items():
+        if key not in train.RESUME_MUTABLE and key in saved and saved[key] != value:
+            raise cli.ConfigError(f"--resume_from_checkpoint: {key} = {value} differs from the run's {saved[key]}; "
+                                  "resume with the run's settings, or start a new run")
+    return path
+
+
+def build_trainer(cfg: train.TrainConfig, args, model, tokenizer, problems) -> SpiralGRPOTrainer:
     """SpiralGRPOTrainer for `model` (a transformers causal LM; peft adds the LoRA) on `problems`."""
     from datasets import Dataset
 
     torch.manual_seed(cfg.seed)  # peft draws LoRA's A from here
     return SpiralGRPOTrainer(
-        model=model, reward_funcs=aggregation_reward, args=grpo_args(cfg, eng, os.path.join(cfg.out, "trl")),
+        model=model, reward_funcs=aggregation_reward, args=args,
         train_dataset=Dataset.from_list([{"prompt": p.problem, "answer": p.answer} for p in problems]),
         processing_class=tokenizer, peft_config=lora_config(cfg), spiral_config=cfg, problems=problems)
 
 
-def run(cfg: train.TrainConfig, eng: EngineConfig, problems: list[Problem]) -> SpiralGRPOTrainer:
-    """Load the policy, build the trainer, train cfg.steps steps; OUT/metrics.jsonl and OUT/adapter (PEFT format)."""
-    import transformers
+def _on_main(args, action) -> None:
+    """Run `action` on process 0 only; every process raises its ConfigError/CheckpointError, so none is left waiting."""
+    error = None
+    if args.process_index == 0:
+        try:
+            action()
+        except (cli.ConfigError, checkpoint.CheckpointError) as exc:
+            error = str(exc)
+    if args.world_size > 1:
+        box = [error]
+        torch.distributed.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise cli.ConfigError(error)
 
-    cfg.device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+def adapter_digest(model) -> str:
+    """sha256 of the trainable (LoRA) weights: equal on every process of a DDP run, or the processes diverged."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        if p.requires_grad:
+            h.update(name.encode() + p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrainer:
+    """Load the policy, build the trainer, train to --max_steps; OUT/metrics.jsonl, OUT/checkpoint-N (TRL's, every
+    --save_steps), OUT/adapter (PEFT format). Process 0 alone locks and writes OUT (TRL adds each process's RNG state
+    to its checkpoints)."""
+    from transformers import PrinterCallback
+
     if cfg.cpu_threads is not None:
         torch.set_num_threads(cfg.cpu_threads)
     try:
-        model, tokenizer = rollout.load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        model, tokenizer = rollout.load_policy(cfg.model, device=str(args.device), dtype=cfg.dtype)
     except Exception as exc:  # noqa: BLE001 - a bad model directory fails in many ways; one line names it
-        raise cli.ConfigError(f"--model {cfg.model}: cannot load it ({checkpoint.first_line(exc)})") from exc
+        raise cli.ConfigError(f"--model_name_or_path {cfg.model}: cannot load it ({checkpoint.first_line(exc)})")
     kept = [p for p in problems if len(rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(p.problem)))
             <= cfg.max_prompt_tokens]
     if not kept:
-        raise cli.ConfigError(f"every problem's prompt is longer than --max-prompt-tokens {cfg.max_prompt_tokens}")
-    checkpoint.prepare_run_dir(cfg.out, config={**dataclasses.asdict(cfg), **dataclasses.asdict(eng),
-                                                "gradient_scale_M": train.gradient_scale_M(cfg)},
-                               overwrite=cfg.overwrite, resume_step=None)
-    trainer = build_trainer(cfg, eng, model, tokenizer, kept)
-    trainer.remove_callback(transformers.PrinterCallback)  # one line per step instead (SpiralGRPOTrainer.log)
+        raise cli.ConfigError(f"every problem's prompt is longer than --max_prompt_tokens {cfg.max_prompt_tokens}")
+    resume_from = resume_checkpoint(cfg, args)
+    step = None
+    if resume_from:
+        with open(os.path.join(resume_from, "trainer_state.json"), encoding="utf-8") as f:
+            step = json.load(f)["global_step"]  # metrics.jsonl is cut back to it: the later steps are redone
+
+    def claim_run_dir():  # one writer per run directory, as train.py; then config.json (or the metrics cut back)
+        checkpoint.lock_run_dir(cfg.out)
+        checkpoint.prepare_run_dir(cfg.out, config={**dataclasses.asdict(cfg), "trl": args.to_dict(),
+                                                    "gradient_scale_M": train.gradient_scale_M(cfg),
+                                                    "versions": checkpoint.versions(args.device)},
+                                   overwrite=cfg.overwrite, resume_step=step)
+
+    _on_main(args, claim_run_dir)
+    trainer = build_trainer(cfg, args, model, tokenizer, kept)
+    trainer.remove_callback(PrinterCallback)  # one line per step instead (SpiralGRPOTrainer.log)
     trainer.metrics_path = os.path.join(cfg.out, "metrics.jsonl")
-    trainer.train()
-    trainer.model.save_pretrained(os.path.join(cfg.out, "adapter"))
-    print(f"trl_spiral.py: done; adapter in {os.path.join(cfg.out, 'adapter')}")
+    if resume_from:
+        trainer.load_spiral_state(resume_from)
+    trainer.train(resume_from_checkpoint=resume_from)
+    trainer.save_model(os.path.join(cfg.out, "adapter"))  # every process (ZeRO-3/FSDP gather); process 0 writes
+    digests = [adapter_digest(trainer.model)]
+    if args.world_size > 1 and not (trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled):
+        from accelerate.utils import gather_object
+        digests = gather_object(digests)
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"the {args.world_size} processes ended with different adapters: {digests}")
+    if args.process_index == 0:
+        checkpoint.delete_moved_aside(cfg.out)  # the new run is complete even if it saved no checkpoint
+        same = f"; the same adapter on all {len(digests)} processes" if len(digests) > 1 else ""
+        print(f"trl_spiral.py: done; adapter in {os.path.join(cfg.out, 'adapter')} (sha256 {digests[0][:12]}{same})")
     return trainer
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse and validate (one-line errors, exit 2, nothing written), then train."""
+    """Parse and validate (one-line errors, exit 2, nothing written), then train; Ctrl-C: one line, exit 130."""
     cfg = None
+    checkpoint.quiet_libraries()
     try:
-        cfg, eng, problems = resolve(argv)
-        checkpoint.lock_run_dir(cfg.out)  # one writer per run directory, as train.py
-        run(cfg, eng, problems)
+        cfg, args, problems = resolve(sys.argv[1:] if argv is None else argv)
+        run(cfg, args, problems)
     except (cli.ConfigError, checkpoint.CheckpointError) as exc:
         print(f"trl_spiral.py: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        exc.__traceback__ = None
+        print("trl_spiral.py: interrupted; continue from the last checkpoint with --resume_from_checkpoint true "
+              "(and the same flags)", file=sys.stderr)
+        return 130
     finally:
         if cfg is not None:
-            checkpoint.unlock_run_dir(cfg.out)
+            checkpoint.unlock_run_dir(cfg.out)  # only process 0 holds it; removes an OUT it created if still empty
     return 0
 
 

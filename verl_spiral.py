@@ -1,4 +1,4 @@
-"""SPIRAL's advantages in verl 0.9.1's v1 trainer: the module PORTING.md's verl recipe names (checked against verl 0.9.1).
+"""SPIRAL's advantages in verl 0.9.1's v1 trainer: the module recipe/spiral/ names (checked against verl 0.9.1).
 
 Algorithm 1, lines 8-15 on a verl batch: every row (one trace) carries the row contract of PORTING.md, section 2,
 which the SPIRAL agent loop writes into each output's `extra_fields` (`spiral_extra_fields`); `compute_spiral_advantage`
@@ -79,6 +79,17 @@ def compute_spiral_advantage(data):
     return data
 
 
+def spiral_metrics(non_tensor_batch: dict, adv_BT: torch.Tensor) -> dict[str, float]:
+    """spiral/* columns of a step: r(x, y) over the aggregation rows (verl's own reward columns are not SPIRAL's:
+    verl copies one row's reward onto a session's rows), and the share of rows whose advantage is 0."""
+    is_search_B = np.array(non_tensor_batch["is_search"].tolist(), dtype=bool)  # (B,)
+    rewards = np.array(non_tensor_batch["spiral_reward"].tolist(), dtype=np.float64)[~is_search_B]
+    zero_B = (adv_BT.abs().amax(dim=1) == 0).numpy()  # (B,)
+    return {"spiral/aggregation_reward_mean": float(rewards.mean()) if rewards.size else float("nan"),
+            "spiral/search_rows": int(is_search_B.sum()), "spiral/aggregation_rows": int((~is_search_B).sum()),
+            "spiral/zero_advantage_rows": float(zero_B.mean())}
+
+
 _TRAINER = None
 
 
@@ -100,18 +111,24 @@ def spiral_trainer_class():
         """PPOTrainerSync whose advantages are SPIRAL's (Algorithm 1, lines 8-15), from the rows' extra_fields."""
 
         def _compute_advantage(self, batch, metrics):
+            """Algorithm 1, lines 8-15 on the step's rows; verl's padding rows (tag is_padding: copies of row 0's
+            metadata under a new uid, response_mask 0) get advantage 0 and are left out of the grouping."""
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                    select_fields=["uid", "response_mask", "extra_fields"])
             response_mask = data["response_mask"]  # nested: one length per row
-            extra_fields_B = list(data["extra_fields"])  # as verl's ReplayBuffer reads them
             # As PPOTrainer._compute_advantage builds its DataProto: padded to (B, T), uid as an object array.
             proto = DataProto(batch=data.select("uid", "response_mask").to_padded_tensor())
             proto.non_tensor_batch["uid"] = np.array(proto.batch.pop("uid").tolist(), dtype=object)
-            proto.non_tensor_batch["extra_fields"] = np.array(extra_fields_B, dtype=object)
-            proto = compute_spiral_advantage(proto)
-            adv_B = proto.batch["advantages"].abs().amax(dim=1)
-            metrics["spiral/zero_advantage_rows"] = float((adv_B == 0).float().mean())
-            output = {key: response_to_nested(proto.batch[key], response_mask) for key in ("advantages", "returns")}
+            proto.non_tensor_batch["extra_fields"] = np.array(list(data["extra_fields"]), dtype=object)
+            real_B = np.array([not tag.get("is_padding", False) for tag in batch.tags], dtype=bool)  # (B,)
+            adv_BT = torch.zeros(proto.batch["response_mask"].shape, dtype=torch.float32)  # (B, T)
+            if real_B.any():
+                real = compute_spiral_advantage(proto.select_idxs(real_B))
+                adv_BT[torch.as_tensor(real_B)] = real.batch["advantages"]
+                metrics.update(spiral_metrics(real.non_tensor_batch, real.batch["advantages"]))
+            metrics["spiral/padding_rows"] = int((~real_B).sum())
+            output = {"advantages": response_to_nested(adv_BT, response_mask),
+                      "returns": response_to_nested(adv_BT.clone(), response_mask)}
             return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
                                    fields=TensorDict(output, batch_size=len(batch)))
 

@@ -1,6 +1,7 @@
 """verl_spiral.py on verl's real DataProto (skipped without verl; CI's engines environment has it): the advantages are
 spiral_advantages, per prompt, on response tokens only; verl's own reorder and concat change nothing, bit for bit;
-rows without metadata are refused; and the two facts of verl 0.9.1 that shape the recipe, where verl can show them."""
+rows without metadata are refused; and the two facts of verl 0.9.1 that shape the recipe, where verl can show them.
+tests/test_verl_recipe.py runs recipe/spiral/ (its agent loop, entry point and YAML) with verl's own machinery."""
 
 import numpy as np
 import pytest
@@ -111,7 +112,8 @@ def test_a_registered_estimator_sees_no_spiral_metadata():
 
 def test_spiral_trainer_compute_advantage_reads_extra_fields_and_writes_nested_advantages(monkeypatch):
     """SpiralPPOTrainer._compute_advantage with the TransferQueue replaced by a dict (needs verl[verl-core]); the
-    rest of the trainer (Ray workers, rollout servers) is not built."""
+    rest of the trainer (Ray workers, rollout servers) is not built. test_verl_recipe.py runs it on a real
+    TransferQueue, with verl's padding rows."""
     tq = pytest.importorskip("transfer_queue")
     from tensordict import NonTensorStack, TensorDict
 
@@ -124,8 +126,9 @@ def test_spiral_trainer_compute_advantage_reads_extra_fields_and_writes_nested_a
     }, batch_size=len(rows))
     written = {}
 
-    class Batch:
+    class Batch:  # verl's KVBatchMeta: keys, per-row tags (none of them padding here), partition
         keys, partition_id = [f"{r[0]}_0_{i}" for i, r in enumerate(rows)], "train"
+        tags = [{"status": "success"} for _ in rows]
 
         def __len__(self):
             return len(rows)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# SPIRAL on NNODES nodes of 8 GPUs each, through a Ray cluster that is already up: on the head node
+#     ray start --head --port 6379
+# on every other node
+#     ray start --address HEAD_IP:6379
+# then, on the head node, NNODES=4 bash recipe/spiral/run_spiral_qwen3_4b_multinode.sh. Every node needs this
+# repository at the same path (or a shared file system) and the same environment (REQUIRED_VERL.txt). |B| grows with
+# the nodes here (256 prompts per 8 GPUs); the mini-batch follows it (one optimizer step per batch). Not run here.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+NNODES="${NNODES:?set NNODES, the number of nodes in the Ray cluster}"
+BATCH=$((256 * NNODES))
+[ -f runs/verl-data/math_train.parquet ] || python -m recipe.spiral.prepare_data --out runs/verl-data
+
+python -m recipe.spiral.main_spiral \
+    trainer.nnodes="$NNODES" trainer.n_gpus_per_node=8 \
+    +ray_kwargs.ray_init.address=auto \
+    data.train_batch_size="$BATCH" actor_rollout_ref.actor.ppo_mini_batch_size=$((BATCH * 24)) \
+    actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+    "$@"
