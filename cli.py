@@ -373,3 +373,13 @@ class StepWatch:
             lines.append(f"train.py: warning: steps {self.first}-{step} kept no problem, so no gradient step was "
                          f"taken; {why}")
         return lines
+
+
+def library_main(doc: str, name: str, used_by: str) -> None:
+    """`python NAME.py` on a library module: --help prints its docstring (exit 0); anything else is one line naming
+    who uses it (exit 2). Nothing runs either way."""
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(doc)
+        sys.exit(0)
+    print(f"{name}: error: a library that {used_by}; nothing to run here (--help: what it holds)", file=sys.stderr)
+    sys.exit(2)

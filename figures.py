@@ -398,8 +398,6 @@ def evaluation_table(summaries: dict[str, dict]) -> str:
 
 
 if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
-    if sys.argv[1:] in (["-h"], ["--help"]):
-        print(__doc__)
-        sys.exit(0)
-    print("figures.py: error: a library that train.py and evaluate.py use; nothing to run here (--help: what it holds)", file=sys.stderr)
-    sys.exit(2)
+    import cli
+
+    cli.library_main(__doc__, "figures.py", "train.py and evaluate.py use")

@@ -156,8 +156,6 @@ def recursive_self_aggregation(runs: list[tuple[str, int]], *, set_size: int, st
 
 
 if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
-    if sys.argv[1:] in (["-h"], ["--help"]):
-        print(__doc__)
-        sys.exit(0)
-    print("testtime.py: error: a library that evaluate.py uses; nothing to run here (--help: what it holds)", file=sys.stderr)
-    sys.exit(2)
+    import cli
+
+    cli.library_main(__doc__, "testtime.py", "evaluate.py uses")

@@ -179,8 +179,6 @@ def seconds_of(run: Run) -> float:
 
 
 if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
-    if sys.argv[1:] in (["-h"], ["--help"]):
-        print(__doc__)
-        sys.exit(0)
-    print("runner.py: error: a library that reproduce.py and second_task.py use; nothing to run here (--help: what it holds)", file=sys.stderr)
-    sys.exit(2)
+    import cli
+
+    cli.library_main(__doc__, "runner.py", "reproduce.py and second_task.py use")
