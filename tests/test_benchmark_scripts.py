@@ -118,6 +118,7 @@ def checkout_copy(tmp_path, monkeypatch):
 
 def test_reproduce_refuses_a_run_directory_with_other_settings_before_any_work(tmp_path, checkout_copy, nothing_runs,
                                                                                capsys):
+    pytest.importorskip("matplotlib")  # reproduce.py refuses to start without it (the figures need it)
     runs = tmp_path / "runs"
     _fake_run(runs / "tiny-spiral-s0", ["--preset", "tiny", "--seed", "0", "--steps", "3"], 3)
     before, checkout = _snapshot(runs), _snapshot(checkout_copy)
@@ -129,6 +130,7 @@ def test_reproduce_refuses_a_run_directory_with_other_settings_before_any_work(t
 
 
 def test_reproduce_rewrites_the_readme_only_when_told(tmp_path, checkout_copy, monkeypatch):
+    pytest.importorskip("matplotlib")
     """Everything after training and evaluation, on made-up results: without --update-readme only RUNS is written."""
     runs = tmp_path / "runs"
     seeds = [0, 1]
@@ -237,6 +239,8 @@ def test_the_comparison_figure_draws_the_mean_over_seeds():
     ("reproduce", ["--runs-dir", "/proc/x"], "--runs-dir '/proc/x'"),
 ])
 def test_an_unwritable_output_stops_the_script_before_any_training(script, flags, message, nothing_runs, capsys):
+    if script == "reproduce":
+        pytest.importorskip("matplotlib")
     module = {"reproduce": reproduce, "second_task": second_task}[script]
     try:
         code = module.main(["--seeds", "0,1", *flags])

@@ -385,7 +385,7 @@ def test_policies_are_compared_on_the_same_problems(tiny_runs, tmp_path, monkeyp
     assert tuned["problems"] != base["problems"] and again["summary"] == tuned["summary"]  # same policy, same key
     table = capsys.readouterr().out
     assert "base acc" in table and "lora acc" in table and "rsa, population P=3, set size k=2" in table
-    if importlib.util.find_spec("matplotlib"):  # optional: CI installs requirements.txt only
+    if importlib.util.find_spec("matplotlib"):  # optional (CI installs it, as dev.py does)
         assert (tmp_path / "cmp.png").stat().st_size > 10_000
     else:
         assert "matplotlib is not installed" in table and not (tmp_path / "cmp.png").exists()
