@@ -38,16 +38,16 @@ import attention  # noqa: E402
 import bench  # noqa: E402  (benchmarks/, on the path when this file runs)
 import fastgen  # noqa: E402
 import rollout  # noqa: E402
-
-GB = 1e9
+from bench_kit import GB, kv_bytes_per_token  # noqa: E402
 SEARCH_SHAPE = dict(prompts=8, copies=8, prompt_tokens=1054)  # 8 problems x N1 = 8, ~1k-token search prompts
 AGGREGATION_SHAPE = dict(prompts=4, copies=4, prompt_tokens=17_596)  # 4 sets x N2 = 4, the paper's 17.6k tokens
 TOY_SHAPES = {"search": dict(prompts=2, copies=4, prompt_tokens=60),  # --size toy: the same code paths on a CPU
               "aggregation": dict(prompts=2, copies=2, prompt_tokens=300)}
 
 
-def kv_bytes_per_token(config, element_size: int) -> int:
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element_size
+def fastgen_slots(shape, s: int) -> int:
+    """KV slots fastgen's decode step s (1-based) attends to: every prompt's chunks, every row's suffix bucket."""
+    return shape.P * shape.n_chunks * shape.chunk + shape.B * fastgen._round_up(s, fastgen.SUFFIX_BUCKET)
 
 
 def byte_model(prompt_lengths: list[int], copies: int, max_new_tokens: int, kv: int) -> dict:
@@ -59,8 +59,7 @@ def byte_model(prompt_lengths: list[int], copies: int, max_new_tokens: int, kv: 
     unique = mean(lambda s: sum(prompt_lengths) + B * s)
     return {"unique_GB": unique / GB,
             "per_row_GB": mean(lambda s: copies * sum(prompt_lengths) + B * s) / GB,
-            "fastgen_GB": mean(lambda s: shape.P * shape.n_chunks * shape.chunk
-                               + B * fastgen._round_up(s, fastgen.SUFFIX_BUCKET)) / GB,
+            "fastgen_GB": mean(lambda s: fastgen_slots(shape, s)) / GB,
             "old_fastgen_GB": kv * B * old_slots / GB}
 
 
@@ -106,8 +105,7 @@ def byte_table(model, kv: int, cases: dict, max_new_tokens: int) -> dict:
         probe = [1, max_new_tokens // 2, max_new_tokens - 1]
         counted = counted_step_bytes(model, lengths, c["copies"], max_new_tokens, probe)
         shape = fastgen.CallShape.of(lengths, c["copies"], max_new_tokens)
-        modelled = [kv * (shape.P * shape.n_chunks * shape.chunk + shape.B * fastgen._round_up(s, fastgen.SUFFIX_BUCKET))
-                    for s in probe]
+        modelled = [kv * fastgen_slots(shape, s) for s in probe]
         row["counted_GB_at_steps"] = {s: b / GB for s, b in zip(probe, counted)}
         row["counted_equals_model"] = all(abs(a - b) < 1 for a, b in zip(counted, modelled))
         row["fastgen_over_unique"] = row["fastgen_GB"] / row["unique_GB"]
