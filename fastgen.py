@@ -90,8 +90,7 @@ class Layer:
     o: Linear
     gate: Linear
     up: Linear
-    down: Linear
-    act: torch.nn.Module
+    down: Linear  # the activation is SiLU's (`supports` checks; `_silu_mul`)
 
 
 @dataclass
@@ -402,7 +401,7 @@ class Engine:
             attn, mlp = layer.self_attn, layer.mlp
             layers.append(Layer(layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm,
                                 *(self.linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
-                                                           mlp.gate_proj, mlp.up_proj, mlp.down_proj)), mlp.act_fn))
+                                                           mlp.gate_proj, mlp.up_proj, mlp.down_proj))))
         attn = inner.layers[0].self_attn
         return Weights(inner.embed_tokens.weight, layers, inner.norm, self.linear(model.lm_head), inner.rotary_emb,
                        model.config.num_key_value_heads, attn.head_dim, attn.scaling)
