@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import attention  # noqa: E402
 import bench  # noqa: E402  (benchmarks/, on the path when this file runs)
+import checkpoint  # noqa: E402
 import fastgen  # noqa: E402
 import rollout  # noqa: E402
 from bench_kit import GB, kv_bytes_per_token  # noqa: E402
@@ -252,7 +253,7 @@ def gpu_rows(model, tokenizer, floors: dict, new_tokens_list: list[int], shapes:
     return results
 
 
-def profile_step(model, tokenizer, out_dir: str | None, c: dict, max_new_tokens: int) -> dict:
+def profile_step(model, tokenizer, c: dict, max_new_tokens: int) -> dict:
     """Where a decode step's time goes, at call shape c: the step's time per replay (CUDA graph; eager on a CPU)
     early and late in a call, and the kernels of three eager steps (torch.profiler), grouped by name."""
     from torch.profiler import ProfilerActivity, profile
@@ -293,10 +294,8 @@ def profile_step(model, tokenizer, out_dir: str | None, c: dict, max_new_tokens:
             print(f"--- eager step, suffix {suffix_len} (3 steps) ---\n{table}", flush=True)
             events = [e for e in prof.key_averages() if e.device_type.name == activity.name]
             result[f"ops_per_step_suffix_{suffix_len}"] = sum(e.count for e in events) / 3
-            if out_dir:
-                with open(os.path.join(out_dir, f"profile_{suffix_len}.txt"), "w") as f:
-                    f.write(table)
-    print("profile:", json.dumps(result), flush=True)
+            result[f"kernels_suffix_{suffix_len}"] = table  # in the JSON: no file beside it to overwrite
+    print("profile:", json.dumps({k: v for k, v in result.items() if not k.startswith("kernels_")}), flush=True)
     return result
 
 
@@ -382,8 +381,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not (args.bytes or args.gpu):
         p.error("choose --bytes and/or --gpu")
-    if args.json and os.path.exists(args.json):
-        p.error(f"--json {args.json} exists")
+    if args.json is not None:
+        why = ("it exists (results are never overwritten)" if os.path.lexists(args.json)
+               else checkpoint.out_path_problem(args.json))
+        if why:
+            p.error(f"--json {args.json!r}: {why}")
     if args.gpu and args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--gpu needs a CUDA device (or --size toy --device cpu)")
     if args.gpu and not args.device.startswith("cuda") and args.size != "toy":
@@ -397,6 +399,7 @@ def main(argv=None) -> int:
 
     def save():
         if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
 
@@ -430,9 +433,8 @@ def main(argv=None) -> int:
         if args.profile:  # fastgen.FUSE off, then on: the graph replay time per step of each
             for fuse in (False, True):
                 fastgen.FUSE = fuse
-                out_dir = os.path.dirname(os.path.abspath(args.json)) if args.json and fuse else None
                 recorded(results, f"profile_fuse_{fuse}",
-                         lambda: profile_step(model, tokenizer, out_dir, shapes["search"], max(new_tokens)), save)
+                         lambda: profile_step(model, tokenizer, shapes["search"], max(new_tokens)), save)
                 fastgen.release()
         chosen = {k: v for k, v in shapes.items() if k in args.shapes.split(",")}
         recorded(results, "rows", lambda: gpu_rows(model, tokenizer, floors, new_tokens, chosen), save)

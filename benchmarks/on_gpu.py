@@ -123,8 +123,14 @@ def main(argv=None) -> int:
     unknown = [s for s in args.steps if s not in STEPS]
     if unknown:
         p.error(f"unknown step(s) {', '.join(unknown)}: choose from {', '.join(STEPS)}")
-    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+    if os.path.lexists(args.out) and (not os.path.isdir(args.out) or os.path.islink(args.out) or os.listdir(args.out)):
         p.error(f"{args.out} exists and is not an empty directory (results are never overwritten)")
+    sys.path.insert(0, ROOT)
+    import checkpoint
+
+    why = checkpoint.out_path_problem(args.out)
+    if why:
+        p.error(f"{args.out!r}: {why}")
     import torch
 
     if not args.toy and not torch.cuda.is_available():

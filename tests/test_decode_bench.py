@@ -38,11 +38,27 @@ def test_kv_bytes_counted_at_the_4b_shape_and_prefill_memory(tmp_path):
     assert "[bytes search]" in proc.stdout and "[prefill]" in proc.stdout
 
 
+def test_decode_refuses_bad_arguments_before_any_work(tmp_path):
+    """--help only prints; a bad count, an existing, empty or unwritable --json is one line and exit 2, nothing run
+    (the byte count would print "[bytes ...]" lines) and the user's file left as it was."""
+    proc = run("benchmarks/decode.py", "--help")
+    assert proc.returncode == 0 and "--bytes" in proc.stdout and "[bytes" not in proc.stdout
+    (tmp_path / "mine.json").write_text("a user's file")
+    for args, message in ((["--json", str(tmp_path / "mine.json")], "never overwritten"),
+                          (["--json", ""], "an empty path"), (["--json", "/proc/x.json"], "not writable"),
+                          (["--gpu", "--size", "toy", "--device", "cpu", "--new-tokens", "x"], "expected integers"),
+                          ([], "choose --bytes")):
+        proc = run("benchmarks/decode.py", *(["--bytes"] if "--gpu" not in args and args else []), *args)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert "[bytes" not in proc.stdout
+    assert (tmp_path / "mine.json").read_text() == "a user's file"
+
+
 def test_on_gpu_refuses_bad_arguments_before_any_work(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("a user's file")
     for args, message in ((["full", "--toy"], "not an empty directory"), (["new", "bogus", "--toy"], "unknown step"),
-                          (["new2"], "no CUDA device")):
+                          (["new2"], "no CUDA device"), (["/proc/x", "--toy"], "not writable")):
         proc = run("benchmarks/on_gpu.py", *[str(tmp_path / a) if i == 0 else a for i, a in enumerate(args)])
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert (tmp_path / "full" / "keep.txt").read_text() == "a user's file"
