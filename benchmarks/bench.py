@@ -44,7 +44,7 @@ CPU part (runs in CI at --small size):
               with 1 + n new tokens minus with 1, over n; minimum of repeats), a proxy for per-step overhead; and the
               bytes a step copies besides reading the weights and the cache (CopyCounter: concatenations such as a
               DynamicCache growing, copies such as expanded K/V heads or the logits' fp32 copy, masks).
-GPU rows 2-4 take --engine hf|fast (fast: the decode step compiled with CUDA graphs).
+GPU rows 2-4 take --engine hf|fast (fast: fastgen.py, the decode step replayed as CUDA graphs).
 
 Run it (from the repository root):
     python benchmarks/bench.py --cpu --json cpu.json                   # 5, at 4,096 tokens (~4 min, shared 2-core CPU)
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-problems", type=int, default=None, help="GPU part: problems in the SPIRAL step (default 1)")
     p.add_argument("--skip-grpo", action="store_true", help="GPU part: no GRPO step in measurement 4")
     p.add_argument("--engine", choices=["hf", "fast"], default="hf",
-                   help="GPU part: rollout.generate's engine for 2-4 (fast: fastgen.py, compiled with CUDA graphs)")
+                   help="GPU part: rollout.generate's engine for 2-4 (fast: fastgen.py, CUDA graphs)")
     p.add_argument("--rollout-adapter", action=argparse.BooleanOptionalAction, default=True,
                    help="GPU part: sample with the LoRA adapter active, as train.py does (default on)")
     p.add_argument("--save-model", metavar="DIR",

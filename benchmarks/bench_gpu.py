@@ -120,7 +120,7 @@ def measure_generate(model, tokenizer, scale: Scale, device: str, floors: dict, 
     V, cfg = model.config.vocab_size, model.config
     prompts = [rollout.search_prompt(random_words(scale.problem_tokens, V, rng)) for _ in range(scale.gen_prompts)]
     batch = scale.gen_prompts * scale.gen_samples
-    if getattr(model, "generation_engine", "hf") == "fast":  # compiled per (batch, cache length): warm up at both
+    if getattr(model, "generation_engine", "hf") == "fast":  # graphs captured per shape and bucket: warm up at both
         _timed_generate(model, tokenizer, prompts, samples=scale.gen_samples, new_tokens=scale.gen_new_tokens,
                         device=device, micro_batch_size=batch, adapter=adapter)
     else:
