@@ -51,6 +51,7 @@ DEMO_ROWS = [("search accuracy", "search_accuracy", "spiral"),
              ("aggregation accuracy", "aggregation_accuracy", "spiral"),
              ("search-trace token entropy (nats)", "rollout/entropy_search", "spiral"),
              ("GRPO accuracy", "accuracy", "grpo"), ("GRPO token entropy (nats)", "rollout/entropy_grpo", "grpo")]
+RUNS_DIR_ENTRIES = r"tiny-(spiral|grpo)-s\d+(\.log)?|report\.md|seeds\.png|eval"  # all that it writes in RUNS
 README_BLOCKS = ("demo", "comparison", "provenance")
 KEPT_FIGURES = {"seeds.png": "benchmarks/tiny_seeds.png", "eval/comparison.png": "benchmarks/tiny_comparison.png",
                 "tiny-spiral-s{seed0}/metrics.png": "benchmarks/tiny_metrics.png"}
@@ -154,9 +155,9 @@ def check_outputs(args) -> None:
     except ImportError:
         runner.fail("reproduce.py", "needs matplotlib for the figures (pip install -r requirements.txt -c "
                     "constraints.txt matplotlib)")
-    why = checkpoint.out_path_problem(args.runs_dir)
-    if why or (os.path.exists(args.runs_dir) and not os.path.isdir(args.runs_dir)):
-        runner.fail("reproduce.py", f"--runs-dir {args.runs_dir!r}: {why or 'not a directory'}")
+    why = runner.runs_dir_problem(args.runs_dir, RUNS_DIR_ENTRIES)
+    if why:
+        runner.fail("reproduce.py", why)
     if args.update_readme:
         with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
             readme = f.read()

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,19 @@ def fail(who: str, message: str, code: int = 2):
     """Print "WHO: error: MESSAGE" on stderr and exit with `code` (2: bad input, found before anything ran)."""
     print(f"{who}: error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+def runs_dir_problem(runs_dir: str, writes: str) -> str | None:
+    """Why a script may not use `runs_dir`, or None: it is not writable, or it holds an entry whose name is not one
+    the script writes (`writes`, a regular expression): a folder of the user's, whose files a run would replace."""
+    why = checkpoint.out_path_problem(runs_dir)
+    if why:
+        return f"--runs-dir {runs_dir!r}: {why}"
+    foreign = sorted(e for e in os.listdir(runs_dir) if not re.fullmatch(writes, e)) if os.path.isdir(runs_dir) else []
+    if foreign:
+        return (f"--runs-dir {runs_dir}: it holds {foreign[0]}, which this script does not write; choose another "
+                "--runs-dir (a script replaces only what it made)")
+    return None
 
 
 def ignored_settings() -> set[str]:

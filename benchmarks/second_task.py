@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -210,7 +211,10 @@ def main(argv=None) -> int:
     if len(seeds) < 2 or min(seeds) < 0 or (args.steps is not None and args.steps < 1) or args.limit < 1 or args.jobs < 1:
         parser.error("need at least 2 non-negative seeds (a spread), and positive --steps, --limit and --jobs")
     os.chdir(REPO)
-    why = check_out(args.out) or runs_dir_problem(args.runs_dir)
+    writes = r"(grpo|spiral)-s\d+(\.log)?|eval"  # all that it writes in --runs-dir, and OUT.* if it is there
+    if os.path.abspath(os.path.dirname(args.out) or ".") == os.path.abspath(args.runs_dir):
+        writes += rf"|{re.escape(os.path.basename(args.out))}\.(md|json|png)"
+    why = check_out(args.out) or runner.runs_dir_problem(args.runs_dir, writes)
     if why:
         print(f"second_task.py: error: {why}", file=sys.stderr)
         return 2
@@ -240,13 +244,6 @@ def main(argv=None) -> int:
     if figure(results, seeds, args.runs_dir, f"{args.out}.png"):
         print(f"second_task.py: wrote {args.out}.md, .json and .png")
     return 0
-
-
-def runs_dir_problem(runs_dir: str) -> str | None:
-    import checkpoint
-
-    why = checkpoint.out_path_problem(runs_dir)
-    return f"--runs-dir {runs_dir!r}: {why}" if why else None
 
 
 if __name__ == "__main__":
