@@ -57,14 +57,6 @@ KEPT_FIGURES = {"seeds.png": "benchmarks/tiny_seeds.png", "eval/comparison.png":
                 "tiny-spiral-s{seed0}/metrics.png": "benchmarks/tiny_metrics.png"}
 
 
-def spread(values, digits: int) -> str:
-    """mean ± sample sd [min, max] of `values`, as the README's cells (one value: itself)."""
-    v = np.asarray(values, dtype=float)
-    if len(v) == 1:
-        return f"{v[0]:.{digits}f}"
-    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
-
-
 def first_last(rows: list[dict], key: str) -> tuple[float, float]:
     """Means of `key` over the first and the last 10% of steps (at least one step each), as train.py's table."""
     tenth = max(1, round(len(rows) / 10))
@@ -80,7 +72,7 @@ def demo_table(rows_of: dict[str, list[list[dict]]]) -> str:
              f"| last 10% of steps ({steps - tenth + 1}-{steps}) |", "|---|---|---|"]
     for label, key, algo in DEMO_ROWS:
         pairs = [first_last(rows, key) for rows in rows_of[algo]]
-        lines.append(f"| {label} | {spread([p[0] for p in pairs], 2)} | {spread([p[1] for p in pairs], 2)} |")
+        lines.append(f"| {label} | {runner.spread([p[0] for p in pairs], 2)} | {runner.spread([p[1] for p in pairs], 2)} |")
     return "\n".join(lines)
 
 
@@ -101,7 +93,7 @@ def comparison_table(result: dict, seeds: list[int]) -> str:
                                                                                                         "spiral")}
     lines = [f"| {len(seeds)} seeds: mean ± sd [min, max] | warm start | GRPO | SPIRAL |", "|---|---|---|---|"]
     for column in base:
-        cells = [spread([c[column] for c in per_algo[algo]], 3) for algo in ("grpo", "spiral")]
+        cells = [runner.spread([c[column] for c in per_algo[algo]], 3) for algo in ("grpo", "spiral")]
         lines.append(f"| {column} | {base[column]:.3f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -1,5 +1,5 @@
 """Training runs for the benchmark scripts (reproduce.py, second_task.py): which runs to reuse, resume or refuse,
-and train.py jobs in parallel with their logs and one progress display.
+and train.py jobs in parallel with their logs and one progress display; and the mean ± sd cell of their tables.
 
 A run directory is reused only when its config.json holds exactly the settings the script asks for and its
 metrics reach the last step with the adapter saved; a run with the same settings stopped part-way is resumed; a
@@ -18,6 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -50,6 +52,14 @@ def runs_dir_problem(runs_dir: str, writes: str) -> str | None:
         return (f"--runs-dir {runs_dir}: it holds {foreign[0]}, which this script does not write; choose another "
                 "--runs-dir (a script replaces only what it made)")
     return None
+
+
+def spread(values, digits: int) -> str:
+    """mean ± sample sd [min, max] of `values`, the cells of the scripts' tables over seeds (one value: itself)."""
+    v = np.asarray(values, dtype=float)
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f}"
+    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
 
 
 def ignored_settings() -> set[str]:

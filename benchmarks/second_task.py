@@ -33,6 +33,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 import runner  # noqa: E402
+from figures import _pyplot, smoothed  # noqa: E402
 
 ALGOS = ("grpo", "spiral")
 # (column, how to read it from one policy's evaluate.py summary)
@@ -63,14 +64,6 @@ def training_runs(seeds: list[int], steps: int | None, runs_dir: str) -> list[ru
                         *(["--steps", str(steps)] if steps else [])]) for seed in seeds for algo in ALGOS]
 
 
-def smoothed(values: list[float], window: int = 5) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, moving average over `window` steps, shorter for a short run): each point is the mean of real steps,
-    placed at the middle one (steps count from 1)."""
-    window = max(1, min(window, len(values)))
-    y = np.convolve(values, np.ones(window) / window, mode="valid")
-    return np.arange(len(y)) + (window + 1) / 2, y
-
-
 def evaluate(seeds: list[int], runs_dir: str, limit: int) -> dict:
     """One evaluate.py call over the warm start and every run, from an empty cache (a cache kept from an earlier
     version of the code once gave a table this code does not reproduce); returns its result JSON."""
@@ -95,24 +88,15 @@ def table(results: dict, seeds: list[int]) -> tuple[str, dict]:
     lines = ["| policy | " + " | ".join(c for c, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for name, row in cells.items():
         label = "warm start" if name == "base" else f"{name.upper() if name == 'grpo' else 'SPIRAL'} ({len(seeds)} seeds)"
-        parts = []
-        for c, _ in COLUMNS:
-            v = np.array(row[c])
-            parts.append(f"{v[0]:.3f}" if len(v) == 1 else
-                         f"{v.mean():.3f} ± {v.std(ddof=1):.3f} [{v.min():.3f}, {v.max():.3f}]")
-        lines.append(f"| {label} | " + " | ".join(parts) + " |")
+        lines.append(f"| {label} | " + " | ".join(runner.spread(row[c], 3) for c, _ in COLUMNS) + " |")
     return "\n".join(lines), cells
 
 
 def figure(results: dict, seeds: list[int], runs_dir: str, path: str) -> bool:
     """Three panels: accuracy vs token budget per problem (pass@1 and majority@k; RSA P=4 through each step), RSA
     pass@1 per step (P=4), and the training curves. Mean over seeds, bars: min to max."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("second_task.py: matplotlib is not installed; no figure")
+    plt = _pyplot("second_task.py")
+    if plt is None:
         return False
     import checkpoint
 
