@@ -18,6 +18,7 @@ shipped files byte-identically with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -185,19 +186,18 @@ def warm_start(out_dir: str = WARM_START_DIR, *, steps: int = 400, batch_size: i
 
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-        progress = Progress(steps, "tiny_parts.py: warm start", "steps") if progress else None
-        for step in range(1, steps + 1):
-            scale = min(1.0, step / warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
-            for group in optimizer.param_groups:
-                group["lr"] = lr * scale
-            optimizer.zero_grad(set_to_none=True)
-            loss = sft_backward(model, [example() for _ in range(batch_size)], tokenizer.pad_token_id)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            if progress:
-                progress.update(note=f"loss {loss:.3f}")
-        if progress:
-            progress.close()
+        # closed however the loop ends (Ctrl-C included): its heartbeat thread stops with it
+        with Progress(steps, "tiny_parts.py: warm start", "steps") if progress else contextlib.nullcontext() as bar:
+            for step in range(1, steps + 1):
+                scale = min(1.0, step / warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * scale
+                optimizer.zero_grad(set_to_none=True)
+                loss = sft_backward(model, [example() for _ in range(batch_size)], tokenizer.pad_token_id)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                if bar:
+                    bar.update(note=f"loss {loss:.3f}")
     model.eval()
     tiny.save_warm_start(model, tokenizer, out_dir, dict(
         task="tiny_parts", steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, p_digit=p_digit,
