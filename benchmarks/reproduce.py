@@ -120,8 +120,8 @@ def replace_block(text: str, name: str, content: str) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = runner.Parser(prog="reproduce.py", description=__doc__.split("\n\n")[0],
-                                     epilog="\n".join(__doc__.split("\n\n")[1:]),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog="\n".join(__doc__.split("\n\n")[1:]),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated training seeds (default 0,1,2,3,4)")
     parser.add_argument("--runs-dir", default="runs/reproduce", help="where the runs, evaluation and report go")
     parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")

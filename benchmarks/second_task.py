@@ -176,8 +176,8 @@ def check_out(prefix: str) -> str | None:
 
 def main(argv=None) -> int:
     parser = runner.Parser(prog="second_task.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
     parser.add_argument("--steps", type=int, help="training steps per run (default: the preset's, 30)")
     parser.add_argument("--limit", type=int, default=50, help="evaluation problems (default 50)")
