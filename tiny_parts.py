@@ -66,12 +66,16 @@ def parts_problems(count: int = 1000, seed: int = 0) -> list[Problem]:
     return problems
 
 
+def problems_jsonl() -> str:
+    """parts_problems() as JSONL text for problemset.load_problems (one line per problem, fixed key order)."""
+    return "".join(json.dumps({"problem": p.problem, "answer": p.answer, "id": p.id}) + "\n" for p in parts_problems())
+
+
 def write_problems(path: str = PROBLEMS_FILE) -> str:
-    """parts_problems() as a JSONL file for problemset.load_problems (one line per problem, fixed key order)."""
-    lines = [json.dumps({"problem": p.problem, "answer": p.answer, "id": p.id}) + "\n" for p in parts_problems()]
+    """problems_jsonl() written to `path` (atomically)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(lines)
+        f.write(problems_jsonl())
     os.replace(tmp, path)
     return path
 
@@ -250,11 +254,9 @@ def problems_file_problem(path: str = PROBLEMS_FILE) -> str | None:
     output (rewritten byte for byte). A file that differs (edited, or another version's) is a user's: refused."""
     if not os.path.lexists(path):
         return None
-    expected = "".join(json.dumps({"problem": p.problem, "answer": p.answer, "id": p.id}) + "\n"
-                       for p in parts_problems())
     try:
         with open(path, encoding="utf-8") as f:
-            same = f.read() == expected
+            same = f.read() == problems_jsonl()
     except (OSError, UnicodeDecodeError):
         same = False
     return None if same else f"{path} differs from the generator's problems; move it away to rebuild it"
