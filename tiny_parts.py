@@ -251,7 +251,13 @@ def measure(model, tokenizer, problems: list[Problem], *, samples: int = 8, set_
 
 def problems_file_problem(path: str = PROBLEMS_FILE) -> str | None:
     """Why write_problems may not write `path`, or None: it is absent, or already holds exactly the generator's
-    output (rewritten byte for byte). A file that differs (edited, or another version's) is a user's: refused."""
+    output (rewritten byte for byte). A file that differs (edited, or another version's) is a user's: refused. Its
+    folder must be writable (a read-only checkout): write_problems writes a temporary file there first."""
+    from checkpoint import unwritable
+
+    why = unwritable(os.path.dirname(os.path.abspath(path)))
+    if why:
+        return f"cannot write {path}: {why}"
     if not os.path.lexists(path):
         return None
     try:
