@@ -48,7 +48,10 @@ def environment() -> str:
         fail(f"{VENV} exists and is not a virtual environment; move it away (dev.py does not touch it)")
     if not os.path.isfile(PYTHON):
         print(f"dev.py: creating {VENV} (Python {sys.version.split()[0]})", flush=True)
-        venv.create(VENV, with_pip=True)
+        try:
+            venv.create(VENV, with_pip=True)
+        except OSError as e:  # a read-only checkout, a full disk
+            fail(f"cannot create {VENV}: {e.strerror or e}")
     try:
         with open(STAMP) as f:
             installed = f.read().strip()

@@ -458,7 +458,8 @@ def load_policies(cfg) -> dict[str, dict]:
             search = lambda m=model, a=adapters[0][0]: use_adapter(m, a)  # noqa: E731
             aggregation = lambda m=model, a=adapters[-1][0]: use_adapter(m, a)  # noqa: E731
         loaded[label] = {"model": model, "tokenizer": tokenizer, "search_adapter": search,
-                         "aggregation_adapter": aggregation, "identity": policy_identity(policy, cfg, dtype, model.generation_engine)}
+                         "aggregation_adapter": aggregation,
+                         "identity": policy_identity(policy, cfg, dtype, model.generation_engine)}
     return loaded
 
 

@@ -260,6 +260,16 @@ SEED_PANELS = [("accuracy (mean reward)", [("search_accuracy", "search"), ("aggr
                                                         ("rollout/entropy_grpo", "")])]
 
 
+def smoothed(values: list[float], window: int = 5):
+    """(steps, moving average over `window` steps, shorter for a short run): each point is the mean of real steps,
+    placed at the middle one (steps count from 1)."""
+    import numpy as np
+
+    window = max(1, min(window, len(values)))
+    y = np.convolve(values, np.ones(window) / window, mode="valid")
+    return np.arange(len(y)) + (window + 1) / 2, y
+
+
 def plot_seed_curves(runs: dict[str, list[list[dict]]], path: str, title: str = "") -> bool:
     """Training curves over seeds ({algorithm label: [each seed's metrics rows]}): per metric the mean over seeds
     (a line) and their range (a band), each smoothed over 5 steps. False (after a notice) without matplotlib."""
@@ -276,10 +286,8 @@ def plot_seed_curves(runs: dict[str, list[list[dict]]], path: str, title: str = 
             for key, what in series:
                 if not all(isinstance(r.get(key), (int, float)) for rows in seeds for r in rows[:steps]):
                     continue
-                window = min(5, steps)
-                smooth = lambda y: np.convolve(y, np.ones(window) / window, mode="valid")  # noqa: E731
-                values_S_T = np.array([smooth([r[key] for r in rows[:steps]]) for rows in seeds])  # (seeds, T)
-                x = np.arange(values_S_T.shape[1]) + (window + 1) / 2  # the middle step of each window
+                smooth = [smoothed([r[key] for r in rows[:steps]]) for rows in seeds]
+                x, values_S_T = smooth[0][0], np.array([y for _, y in smooth])  # (seeds, T)
                 colour = next(colours)
                 label = f"{name} {what}".strip()
                 ax.plot(x, values_S_T.mean(0), color=colour, label=label)

@@ -108,8 +108,8 @@ def _read_jsonl(path: str) -> list[Problem]:
                                    "per line); convert it with pandas: python -c \"import pandas; pandas.read_parquet("
                                    f"'{path}').to_json('{os.path.splitext(path)[0]}.jsonl', orient='records', "
                                    "lines=True)\"")
-    problems = []
-    with open(path, "rb") as f:
+        f.seek(0)
+        problems = []
         for line_number, line in _text_lines(f, path):
             if not line.strip():
                 continue

@@ -18,6 +18,7 @@ shipped files byte-identically with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -65,12 +66,16 @@ def parts_problems(count: int = 1000, seed: int = 0) -> list[Problem]:
     return problems
 
 
+def problems_jsonl() -> str:
+    """parts_problems() as JSONL text for problemset.load_problems (one line per problem, fixed key order)."""
+    return "".join(json.dumps({"problem": p.problem, "answer": p.answer, "id": p.id}) + "\n" for p in parts_problems())
+
+
 def write_problems(path: str = PROBLEMS_FILE) -> str:
-    """parts_problems() as a JSONL file for problemset.load_problems (one line per problem, fixed key order)."""
-    lines = [json.dumps({"problem": p.problem, "answer": p.answer, "id": p.id}) + "\n" for p in parts_problems()]
+    """problems_jsonl() written to `path` (atomically)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(lines)
+        f.write(problems_jsonl())
     os.replace(tmp, path)
     return path
 
@@ -185,19 +190,18 @@ def warm_start(out_dir: str = WARM_START_DIR, *, steps: int = 400, batch_size: i
 
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-        progress = Progress(steps, "tiny_parts.py: warm start", "steps") if progress else None
-        for step in range(1, steps + 1):
-            scale = min(1.0, step / warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
-            for group in optimizer.param_groups:
-                group["lr"] = lr * scale
-            optimizer.zero_grad(set_to_none=True)
-            loss = sft_backward(model, [example() for _ in range(batch_size)], tokenizer.pad_token_id)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            if progress:
-                progress.update(note=f"loss {loss:.3f}")
-        if progress:
-            progress.close()
+        # closed however the loop ends (Ctrl-C included): its heartbeat thread stops with it
+        with Progress(steps, "tiny_parts.py: warm start", "steps") if progress else contextlib.nullcontext() as bar:
+            for step in range(1, steps + 1):
+                scale = min(1.0, step / warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * scale
+                optimizer.zero_grad(set_to_none=True)
+                loss = sft_backward(model, [example() for _ in range(batch_size)], tokenizer.pad_token_id)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                if bar:
+                    bar.update(note=f"loss {loss:.3f}")
     model.eval()
     tiny.save_warm_start(model, tokenizer, out_dir, dict(
         task="tiny_parts", steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, p_digit=p_digit,
@@ -247,14 +251,18 @@ def measure(model, tokenizer, problems: list[Problem], *, samples: int = 8, set_
 
 def problems_file_problem(path: str = PROBLEMS_FILE) -> str | None:
     """Why write_problems may not write `path`, or None: it is absent, or already holds exactly the generator's
-    output (rewritten byte for byte). A file that differs (edited, or another version's) is a user's: refused."""
+    output (rewritten byte for byte). A file that differs (edited, or another version's) is a user's: refused. Its
+    folder must be writable (a read-only checkout): write_problems writes a temporary file there first."""
+    from checkpoint import unwritable
+
+    why = unwritable(os.path.dirname(os.path.abspath(path)))
+    if why:
+        return f"cannot write {path}: {why}"
     if not os.path.lexists(path):
         return None
-    expected = "".join(json.dumps({"problem": p.problem, "answer": p.answer, "id": p.id}) + "\n"
-                       for p in parts_problems())
     try:
         with open(path, encoding="utf-8") as f:
-            same = f.read() == expected
+            same = f.read() == problems_jsonl()
     except (OSError, UnicodeDecodeError):
         same = False
     return None if same else f"{path} differs from the generator's problems; move it away to rebuild it"

@@ -51,17 +51,10 @@ DEMO_ROWS = [("search accuracy", "search_accuracy", "spiral"),
              ("aggregation accuracy", "aggregation_accuracy", "spiral"),
              ("search-trace token entropy (nats)", "rollout/entropy_search", "spiral"),
              ("GRPO accuracy", "accuracy", "grpo"), ("GRPO token entropy (nats)", "rollout/entropy_grpo", "grpo")]
+RUNS_DIR_ENTRIES = r"tiny-(spiral|grpo)-s\d+(\.log)?|report\.md|seeds\.png|eval"  # all that it writes in RUNS
 README_BLOCKS = ("demo", "comparison", "provenance")
 KEPT_FIGURES = {"seeds.png": "benchmarks/tiny_seeds.png", "eval/comparison.png": "benchmarks/tiny_comparison.png",
                 "tiny-spiral-s{seed0}/metrics.png": "benchmarks/tiny_metrics.png"}
-
-
-def spread(values, digits: int) -> str:
-    """mean ± sample sd [min, max] of `values`, as the README's cells (one value: itself)."""
-    v = np.asarray(values, dtype=float)
-    if len(v) == 1:
-        return f"{v[0]:.{digits}f}"
-    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
 
 
 def first_last(rows: list[dict], key: str) -> tuple[float, float]:
@@ -79,7 +72,7 @@ def demo_table(rows_of: dict[str, list[list[dict]]]) -> str:
              f"| last 10% of steps ({steps - tenth + 1}-{steps}) |", "|---|---|---|"]
     for label, key, algo in DEMO_ROWS:
         pairs = [first_last(rows, key) for rows in rows_of[algo]]
-        lines.append(f"| {label} | {spread([p[0] for p in pairs], 2)} | {spread([p[1] for p in pairs], 2)} |")
+        lines.append(f"| {label} | {runner.spread([p[0] for p in pairs], 2)} | {runner.spread([p[1] for p in pairs], 2)} |")
     return "\n".join(lines)
 
 
@@ -100,7 +93,7 @@ def comparison_table(result: dict, seeds: list[int]) -> str:
                                                                                                         "spiral")}
     lines = [f"| {len(seeds)} seeds: mean ± sd [min, max] | warm start | GRPO | SPIRAL |", "|---|---|---|---|"]
     for column in base:
-        cells = [spread([c[column] for c in per_algo[algo]], 3) for algo in ("grpo", "spiral")]
+        cells = [runner.spread([c[column] for c in per_algo[algo]], 3) for algo in ("grpo", "spiral")]
         lines.append(f"| {column} | {base[column]:.3f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -127,8 +120,8 @@ def replace_block(text: str, name: str, content: str) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = runner.Parser(prog="reproduce.py", description=__doc__.split("\n\n")[0],
-                                     epilog="\n".join(__doc__.split("\n\n")[1:]),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog="\n".join(__doc__.split("\n\n")[1:]),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated training seeds (default 0,1,2,3,4)")
     parser.add_argument("--runs-dir", default="runs/reproduce", help="where the runs, evaluation and report go")
     parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
@@ -154,9 +147,9 @@ def check_outputs(args) -> None:
     except ImportError:
         runner.fail("reproduce.py", "needs matplotlib for the figures (pip install -r requirements.txt -c "
                     "constraints.txt matplotlib)")
-    why = checkpoint.out_path_problem(args.runs_dir)
-    if why or (os.path.exists(args.runs_dir) and not os.path.isdir(args.runs_dir)):
-        runner.fail("reproduce.py", f"--runs-dir {args.runs_dir!r}: {why or 'not a directory'}")
+    why = runner.runs_dir_problem(args.runs_dir, RUNS_DIR_ENTRIES)
+    if why:
+        runner.fail("reproduce.py", why)
     if args.update_readme:
         with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
             readme = f.read()

@@ -1,5 +1,5 @@
 """Training runs for the benchmark scripts (reproduce.py, second_task.py): which runs to reuse, resume or refuse,
-and train.py jobs in parallel with their logs and one progress display.
+and train.py jobs in parallel with their logs and one progress display; and the mean ± sd cell of their tables.
 
 A run directory is reused only when its config.json holds exactly the settings the script asks for and its
 metrics reach the last step with the adapter saved; a run with the same settings stopped part-way is resumed; a
@@ -13,10 +13,13 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+
+import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -36,6 +39,27 @@ def fail(who: str, message: str, code: int = 2):
     """Print "WHO: error: MESSAGE" on stderr and exit with `code` (2: bad input, found before anything ran)."""
     print(f"{who}: error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+def runs_dir_problem(runs_dir: str, writes: str) -> str | None:
+    """Why a script may not use `runs_dir`, or None: it is not writable, or it holds an entry whose name is not one
+    the script writes (`writes`, a regular expression): a folder of the user's, whose files a run would replace."""
+    why = checkpoint.out_path_problem(runs_dir)
+    if why:
+        return f"--runs-dir {runs_dir!r}: {why}"
+    foreign = sorted(e for e in os.listdir(runs_dir) if not re.fullmatch(writes, e)) if os.path.isdir(runs_dir) else []
+    if foreign:
+        return (f"--runs-dir {runs_dir}: it holds {foreign[0]}, which this script does not write; choose another "
+                "--runs-dir (a script replaces only what it made)")
+    return None
+
+
+def spread(values, digits: int) -> str:
+    """mean ± sample sd [min, max] of `values`, the cells of the scripts' tables over seeds (one value: itself)."""
+    v = np.asarray(values, dtype=float)
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f}"
+    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
 
 
 def ignored_settings() -> set[str]:

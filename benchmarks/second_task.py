@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 import runner  # noqa: E402
+from figures import _pyplot, smoothed  # noqa: E402
 
 ALGOS = ("grpo", "spiral")
 # (column, how to read it from one policy's evaluate.py summary)
@@ -62,14 +64,6 @@ def training_runs(seeds: list[int], steps: int | None, runs_dir: str) -> list[ru
                         *(["--steps", str(steps)] if steps else [])]) for seed in seeds for algo in ALGOS]
 
 
-def smoothed(values: list[float], window: int = 5) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, moving average over `window` steps, shorter for a short run): each point is the mean of real steps,
-    placed at the middle one (steps count from 1)."""
-    window = max(1, min(window, len(values)))
-    y = np.convolve(values, np.ones(window) / window, mode="valid")
-    return np.arange(len(y)) + (window + 1) / 2, y
-
-
 def evaluate(seeds: list[int], runs_dir: str, limit: int) -> dict:
     """One evaluate.py call over the warm start and every run, from an empty cache (a cache kept from an earlier
     version of the code once gave a table this code does not reproduce); returns its result JSON."""
@@ -94,24 +88,15 @@ def table(results: dict, seeds: list[int]) -> tuple[str, dict]:
     lines = ["| policy | " + " | ".join(c for c, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for name, row in cells.items():
         label = "warm start" if name == "base" else f"{name.upper() if name == 'grpo' else 'SPIRAL'} ({len(seeds)} seeds)"
-        parts = []
-        for c, _ in COLUMNS:
-            v = np.array(row[c])
-            parts.append(f"{v[0]:.3f}" if len(v) == 1 else
-                         f"{v.mean():.3f} ± {v.std(ddof=1):.3f} [{v.min():.3f}, {v.max():.3f}]")
-        lines.append(f"| {label} | " + " | ".join(parts) + " |")
+        lines.append(f"| {label} | " + " | ".join(runner.spread(row[c], 3) for c, _ in COLUMNS) + " |")
     return "\n".join(lines), cells
 
 
 def figure(results: dict, seeds: list[int], runs_dir: str, path: str) -> bool:
     """Three panels: accuracy vs token budget per problem (pass@1 and majority@k; RSA P=4 through each step), RSA
     pass@1 per step (P=4), and the training curves. Mean over seeds, bars: min to max."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("second_task.py: matplotlib is not installed; no figure")
+    plt = _pyplot("second_task.py")
+    if plt is None:
         return False
     import checkpoint
 
@@ -191,8 +176,8 @@ def check_out(prefix: str) -> str | None:
 
 def main(argv=None) -> int:
     parser = runner.Parser(prog="second_task.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
     parser.add_argument("--steps", type=int, help="training steps per run (default: the preset's, 30)")
     parser.add_argument("--limit", type=int, default=50, help="evaluation problems (default 50)")
@@ -210,7 +195,10 @@ def main(argv=None) -> int:
     if len(seeds) < 2 or min(seeds) < 0 or (args.steps is not None and args.steps < 1) or args.limit < 1 or args.jobs < 1:
         parser.error("need at least 2 non-negative seeds (a spread), and positive --steps, --limit and --jobs")
     os.chdir(REPO)
-    why = check_out(args.out) or runs_dir_problem(args.runs_dir)
+    writes = r"(grpo|spiral)-s\d+(\.log)?|eval"  # all that it writes in --runs-dir, and OUT.* if it is there
+    if os.path.abspath(os.path.dirname(args.out) or ".") == os.path.abspath(args.runs_dir):
+        writes += rf"|{re.escape(os.path.basename(args.out))}\.(md|json|png)"
+    why = check_out(args.out) or runner.runs_dir_problem(args.runs_dir, writes)
     if why:
         print(f"second_task.py: error: {why}", file=sys.stderr)
         return 2
@@ -240,13 +228,6 @@ def main(argv=None) -> int:
     if figure(results, seeds, args.runs_dir, f"{args.out}.png"):
         print(f"second_task.py: wrote {args.out}.md, .json and .png")
     return 0
-
-
-def runs_dir_problem(runs_dir: str) -> str | None:
-    import checkpoint
-
-    why = checkpoint.out_path_problem(runs_dir)
-    return f"--runs-dir {runs_dir!r}: {why}" if why else None
 
 
 if __name__ == "__main__":

@@ -109,8 +109,14 @@ def run_tests(copy: str, tests: list[str], pytest_args: list[str], timeout: floa
     return "error", first or f"pytest exit {done.returncode}: {last[:100]}", seconds
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit code 2, no usage block (as train.py and evaluate.py)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tests/mutate.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="tests/mutate.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("module", help="the module to mutate, e.g. cli.py")
     parser.add_argument("tests", nargs="*", help="test files or ids (default: the list's `tests:` line)")
     parser.add_argument("--mutations", help="the mutation list (default: tests/mutations/MODULE.txt)")
@@ -122,18 +128,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
 
     module = os.path.relpath(os.path.abspath(args.module), ROOT)
+    if module.startswith(os.pardir + os.sep):  # the copy's module is written at copy/MODULE: never outside it
+        parser.error(f"{args.module} is outside the repository {ROOT}")
     list_path = args.mutations or os.path.join(LISTS, os.path.splitext(os.path.basename(module))[0] + ".txt")
     if not os.path.isfile(os.path.join(ROOT, module)) or not os.path.isfile(list_path):
         parser.error(f"need {module} and its mutation list {os.path.relpath(list_path)}")
-    with open(list_path) as f:
-        default_tests, mutations = parse(f.read(), os.path.relpath(list_path))
-    with open(os.path.join(ROOT, module)) as f:
-        source = f.read()
-    numbered = list(enumerate(mutations, start=1))
-    if args.only:
-        wanted = {int(n) for n in args.only.split(",")}
-        numbered = [(n, m) for n, m in numbered if n in wanted]
-    mutated = {n: apply(source, m) for n, m in numbered}  # every mutation applies before anything runs
+    if args.timeout is not None and not args.timeout > 0:
+        parser.error(f"--timeout must be positive, got {args.timeout}")
+    try:
+        wanted = {int(n) for n in args.only.split(",")} if args.only else None
+    except ValueError:
+        parser.error(f"--only expects comma-separated mutation numbers, got {args.only!r}")
+    listed = os.path.relpath(list_path)
+    try:
+        with open(list_path) as f:
+            default_tests, mutations = parse(f.read(), listed)
+        with open(os.path.join(ROOT, module)) as f:
+            source = f.read()
+        numbered = [(n, m) for n, m in enumerate(mutations, start=1) if wanted is None or n in wanted]
+        mutated = {n: apply(source, m) for n, m in numbered}  # every mutation applies before anything runs
+    except OSError as e:
+        parser.error(f"cannot read {e.filename}: {e.strerror}")
+    except ValueError as e:  # not text; a malformed list (parse names it); a mutation that no longer applies
+        parser.error(str(e) if str(e).startswith(listed) else f"{listed}: {e}")
+    unknown = sorted((wanted or set()) - {n for n, _ in numbered})
+    if unknown:
+        parser.error(f"--only {unknown[0]}: {listed} numbers its mutations 1 to {len(mutations)}")
     if args.list:
         for n, m in numbered:
             print(f"{n:3d}. {m.description}")

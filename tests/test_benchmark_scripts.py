@@ -248,3 +248,26 @@ def test_an_unwritable_output_stops_the_script_before_any_training(script, flags
         code = exit_info.code
     assert code == 2
     _one_line(capsys, f"{script}.py", message)
+
+
+
+@pytest.mark.parametrize("script", ["reproduce", "second_task"])
+def test_a_runs_dir_holding_a_users_files_stops_the_script_before_any_training(script, tmp_path, nothing_runs, capsys):
+    """--runs-dir pointed at a folder of one's own (say ~/results): its report.md, seeds.png or a NAME.log, names the
+    script writes there, would be replaced; a folder holding anything the script does not write is refused."""
+    if script == "reproduce":
+        pytest.importorskip("matplotlib")
+    folder = tmp_path / "results"
+    folder.mkdir()
+    for name in ("notes.txt", "report.md", "seeds.png", "grpo-s0.log", "tiny-grpo-s0.log"):
+        (folder / name).write_text("mine")
+    before = _snapshot(folder)
+    module = {"reproduce": reproduce, "second_task": second_task}[script]
+    try:
+        code = module.main(["--seeds", "0,1", "--runs-dir", str(folder)]
+                           + (["--out", str(tmp_path / "t")] if script == "second_task" else []))
+    except SystemExit as exit_info:
+        code = exit_info.code
+    assert code == 2
+    _one_line(capsys, f"{script}.py", f"--runs-dir {folder}: it holds ", ", which this script does not write")
+    assert _snapshot(folder) == before and not list(tmp_path.glob("t.*"))

@@ -69,6 +69,20 @@ def test_a_folder_named_venv_that_is_not_one_is_left_alone(checkout, capsys):
     assert os.listdir(root / ".venv") == ["notes.txt"]
 
 
+def test_a_checkout_where_the_venv_cannot_be_made_is_one_line(checkout, monkeypatch, capsys):
+    _, commands = checkout
+
+    def read_only(path, with_pip):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(dev.venv, "create", read_only)
+    with pytest.raises(SystemExit) as exit_info:
+        dev.main(["demo"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and commands == [] and err.count("\n") == 1
+    assert err == f"dev.py: error: cannot create {dev.VENV}: Permission denied\n"
+
+
 @pytest.mark.parametrize("argv,code", [([], 2), (["tset"], 2), (["--help"], 0)])
 def test_anything_else_runs_nothing(argv, code, checkout, capsys):
     _, commands = checkout

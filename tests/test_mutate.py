@@ -86,3 +86,24 @@ def test_outcomes_are_told_apart(tmp_path, monkeypatch):
                                                           "found: t.py")
     stand_in(None, timeout=True)
     assert mutate.run_tests(".", ["t.py"], [], 9)[:2] == ("timeout", "over 9 s")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["cli.py", "--bogus"], "unrecognized arguments: --bogus"),
+    (["cli.py", "--only", "x"], "--only expects comma-separated mutation numbers, got 'x'"),
+    (["cli.py", "--only", "999"], "numbers its mutations 1 to"),
+    (["cli.py", "--timeout", "-1"], "--timeout must be positive"),
+    (["cli.py", "--mutations", "{tmp}/notes.txt"], "notes.txt, line 1: expected"),  # not a mutation list
+    (["cli.py", "--mutations", "tests/mutations/train.txt"], "occurs 0 times in the module"),  # another module's list
+    ([str(ROOT.parent / "elsewhere" / "cli.py")], "is outside the repository"),  # copy/../elsewhere: not the copy
+])
+def test_a_bad_argument_is_one_line_before_anything_runs(argv, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "notes.txt").write_text("some notes\n")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    monkeypatch.setattr(mutate, "copy_repository", lambda *a: pytest.fail("started work"))
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        mutate.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("tests/mutate.py: error: "), err
+    assert message in err, err

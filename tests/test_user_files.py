@@ -151,6 +151,14 @@ def test_tiny_parts_rebuilds_its_own_warm_start_and_keeps_an_edited_problem_file
     assert problems.read_text() == edited and built == [str(own)]
 
 
+def test_tiny_parts_stops_before_any_work_where_the_problems_file_cannot_be_written(tmp_path, monkeypatch,
+                                                                                     nothing_runs, capsys):
+    monkeypatch.setattr(tiny_parts, "PROBLEMS_FILE", "/proc/x/tiny_parts.jsonl")  # a read-only checkout's data/
+    assert tiny_parts.main(["--out", str(tmp_path / "w")]) == 2
+    _one_line(capsys, "tiny_parts.py", "cannot write /proc/x/tiny_parts.jsonl: /proc is not writable")
+    assert not (tmp_path / "w").exists()
+
+
 def test_the_sums_warm_start_build_refuses_a_tiny_parts_warm_start_and_a_runs_base(tmp_path):
     parts = _warm_start_copy(tiny_parts.WARM_START_DIR, tmp_path / "parts")
     base = _warm_start_copy(tiny.WARM_START_DIR, tmp_path / "run" / "base")
