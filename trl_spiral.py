@@ -284,16 +284,7 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
 
     def _train_metrics(self) -> dict[str, float]:
         s = self._stats
-        metrics = {"train/loss": s["loss"], "train/samples_trained": s["samples"], "train/tokens_trained": s["tokens"]}
-        ratio_all = torch.cat(s["ratios"]) if s["ratios"] else torch.zeros(0)
-        if ratio_all.numel():
-            metrics |= {"train/importance_ratio_mean": float(ratio_all.mean()),
-                        "train/importance_ratio_min": float(ratio_all.min()),
-                        "train/importance_ratio_max": float(ratio_all.max())}
-        for role, parts in s["entropy"].items():
-            if sum(p.numel() for p in parts):
-                metrics[f"train/entropy_{role}"] = float(torch.cat(parts).float().mean())
-        return metrics
+        return train.loss_metrics(s["loss"], s["samples"], s["tokens"], s["ratios"], s["entropy"])
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's log, plus train.py's metrics row (the same columns) after each optimizer step."""
