@@ -283,6 +283,19 @@ def test_an_override_that_breaks_the_update_is_refused(override, key):
         main_spiral.check_spiral_config(config)
 
 
+def test_prepare_data_replaces_only_its_own_files(tmp_path, capsys):
+    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "tiny_sums"]) == 0
+    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "tiny_sums"]) == 0  # its own
+    (tmp_path / "math500.parquet").write_bytes(b"a user's file")
+    before = (tmp_path / "tiny_sums.parquet").read_bytes()
+    capsys.readouterr()
+    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums"]) == 2
+    err = capsys.readouterr().err
+    assert "math500.parquet exists and was not written by prepare_data.py" in err and err.count("\n") == 1
+    assert (tmp_path / "math500.parquet").read_bytes() == b"a user's file"
+    assert (tmp_path / "tiny_sums.parquet").read_bytes() == before  # nothing written: the check comes first
+
+
 def test_prepare_data_writes_verl_s_schema_and_the_reward_function_grades_it(tmp_path):
     import pandas as pd
 
