@@ -283,6 +283,22 @@ def test_an_override_that_breaks_the_update_is_refused(override, key):
         main_spiral.check_spiral_config(config)
 
 
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_epochs must be 1"),
+    ("trainer.n_gpus_per_node=8", "data.train_files: no file runs/verl-data/math_train.parquet"),
+])
+def test_the_entry_point_refuses_in_one_line_before_ray_starts(override, message, tmp_path):
+    """As run_spiral_*.sh starts it: a broken setting or missing data is one line (not Hydra's traceback), exit 2."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "recipe.spiral.main_spiral", override], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("WARNING:")]  # verl's: no GPU here
+    assert len(errors) == 1 and errors[0].startswith("main_spiral.py: error: ") and message in errors[0], errors
+
+
 def test_prepare_data_replaces_only_its_own_files(tmp_path, capsys):
     assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "tiny_sums"]) == 0
     assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "tiny_sums"]) == 0  # its own
