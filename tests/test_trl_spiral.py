@@ -163,8 +163,11 @@ def test_one_step_lora_gradient_is_train_py_s_on_the_same_rollouts(trainer, monk
     ours = lora_grads(model)
     model.zero_grad(set_to_none=True)
     C = train.loss_normalizer(trainer.spiral, trainer.last_rollouts.metrics["problems_kept"])
-    train.accumulate_gradients(model, samples, loss_normalizer=C, temperature=trainer.spiral.temperature)
+    columns = train.accumulate_gradients(model, samples, loss_normalizer=C, temperature=trainer.spiral.temperature)
     reference = lora_grads(model)
+    ours_columns = trainer._train_metrics()  # train.py's columns from TRL's forward: float32 rounding apart
+    assert set(ours_columns) == set(columns) and ours_columns == pytest.approx(columns, rel=1e-3)
+    assert columns["train/importance_ratio_min"] < columns["train/importance_ratio_max"]
     model.zero_grad(set_to_none=True)
     assert len(ours) == len(reference) == 2 * 7 * model.base_model.model.config.num_hidden_layers
     flat_ours, flat_ref = torch.cat([g.flatten() for g in ours]), torch.cat([g.flatten() for g in reference])
