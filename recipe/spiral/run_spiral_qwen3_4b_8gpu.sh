@@ -5,7 +5,9 @@
 # here: no GPU. Extra arguments are Hydra overrides (e.g. trainer.total_training_steps=10); every setting is listed by
 # python -m recipe.spiral.main_spiral --help. main_spiral checks them (and the data) before anything starts.
 set -euo pipefail
-case " $* " in *" -h "* | *" --help "*) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print } /^set /{ exit }' "$0"; exit 0;; esac
+case " $* " in  # --help: the comment above, and nothing else
+    *" -h "* | *" --help "*) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print } /^set /{ exit }' "$0"; exit 0;;
+esac
 cd "$(dirname "$0")/../.."                       # the repository root: recipe.spiral, verl_spiral and the grader
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # Ray's workers import the project from here
 

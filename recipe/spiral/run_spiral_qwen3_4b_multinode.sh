@@ -8,11 +8,15 @@
 # (python -m recipe.spiral.prepare_data --out runs/verl-data). |B| grows with the nodes here (256 prompts per 8 GPUs);
 # the mini-batch follows it (one optimizer step per batch). Extra arguments are Hydra overrides. Not run here.
 set -euo pipefail
-case " $* " in *" -h "* | *" --help "*) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print } /^set /{ exit }' "$0"; exit 0;; esac
+case " $* " in  # --help: the comment above, and nothing else
+    *" -h "* | *" --help "*) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print } /^set /{ exit }' "$0"; exit 0;;
+esac
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [[ "${NNODES:-}" =~ ^[1-9][0-9]*$ ]] || {
-    echo "$(basename "$0"): error: set NNODES to the number of nodes in the Ray cluster, got '${NNODES:-}'" >&2; exit 2; }
+    echo "$(basename "$0"): error: set NNODES to the number of nodes in the Ray cluster, got '${NNODES:-}'" >&2
+    exit 2
+}
 BATCH=$((256 * NNODES))
 
 python -m recipe.spiral.main_spiral \
