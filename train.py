@@ -228,14 +228,23 @@ def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature:
                 for s, ent in zip(micro, torch.split(entropy_N, lengths_b.tolist())):
                     entropy_by_role.setdefault(s.role, []).append(ent)
 
-    metrics = {"train/loss": loss_sum, "train/samples_trained": len(trained), "train/tokens_trained": tokens}
-    if ratios:
-        ratio_all = torch.cat(ratios)
+    return loss_metrics(loss_sum, len(trained), tokens, ratios, entropy_by_role)
+
+
+def loss_metrics(loss_sum: float, samples_trained: int, tokens_trained: int, ratios: list, entropy_by_role: dict
+                 ) -> dict[str, float]:
+    """The train/* columns of a step (trl_spiral.py writes the same): the loss summed over micro-batches, what was
+    trained, the importance ratio over the trained tokens (`ratios`: (N,) tensors) and each role's mean entropy
+    (`entropy_by_role`: role -> (N,) tensors; a role with no token gets no column)."""
+    metrics = {"train/loss": loss_sum, "train/samples_trained": samples_trained, "train/tokens_trained": tokens_trained}
+    ratio_all = torch.cat(ratios) if ratios else torch.zeros(0)
+    if ratio_all.numel():
         metrics |= {"train/importance_ratio_mean": float(ratio_all.mean()),
                     "train/importance_ratio_min": float(ratio_all.min()),
                     "train/importance_ratio_max": float(ratio_all.max())}
     for role, parts in entropy_by_role.items():
-        metrics[f"train/entropy_{role}"] = float(torch.cat(parts).mean())
+        if sum(p.numel() for p in parts):
+            metrics[f"train/entropy_{role}"] = float(torch.cat(parts).float().mean())
     return metrics
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -175,7 +176,9 @@ def parse_args(argv: list[str]):
         ns[name] = value
     spiral_args = SpiralArguments(**{f.name: ns[f.name] for f in dataclasses.fields(SpiralArguments)})
     try:
-        args = GRPOConfig(**{f.name: ns[f.name] for f in dataclasses.fields(GRPOConfig) if f.init})
+        with warnings.catch_warnings():  # TRL 1.16 sets transformers 5.24's deprecated gradient_checkpointing alias
+            warnings.filterwarnings("ignore", "`gradient_checkpointing", FutureWarning)  # itself: 4 lines every run
+            args = GRPOConfig(**{f.name: ns[f.name] for f in dataclasses.fields(GRPOConfig) if f.init})
     except ValueError as exc:
         raise cli.ConfigError(checkpoint.first_line(exc).removeprefix("ValueError: ")) from None
     return spiral_args, args, cfg

@@ -188,7 +188,8 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         self.last_rollouts = rollouts
 
         samples = rollouts.samples  # kept problems only: |B| (N1 + K N2) <= len(inputs)
-        eos = rollout.eos_token_ids(model, tokenizer)[0]
+        eos_ids = rollout.eos_token_ids(model, tokenizer)
+        eos = eos_ids[0]
         filler = samples[0] if samples else spiral.Sample(
             rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(problems[0].problem)), [eos], [0.0], 0.0, "")
         rows = samples + [dataclasses.replace(filler, advantage=0.0, role="filler")] * (len(inputs) - len(samples))
@@ -207,7 +208,7 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
             # gradients, so each divides by C / processes and the average is the sum over all of them / C.
             "normalizer": torch.tensor(C / self.accelerator.num_processes, dtype=torch.float64),
         }
-        self._log_trl_metrics(samples, rollout.eos_token_ids(model, tokenizer))
+        self._log_trl_metrics(samples, eos_ids)
         tokens = rollouts.metrics["tokens_generated"]
         self._row = {**rollouts.metrics, "train/loss_normalizer": C, "time/rollout_s": seconds,
                      "time/generated_tokens_per_s": tokens / max(seconds, 1e-9)}
@@ -284,16 +285,7 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
 
     def _train_metrics(self) -> dict[str, float]:
         s = self._stats
-        metrics = {"train/loss": s["loss"], "train/samples_trained": s["samples"], "train/tokens_trained": s["tokens"]}
-        ratio_all = torch.cat(s["ratios"]) if s["ratios"] else torch.zeros(0)
-        if ratio_all.numel():
-            metrics |= {"train/importance_ratio_mean": float(ratio_all.mean()),
-                        "train/importance_ratio_min": float(ratio_all.min()),
-                        "train/importance_ratio_max": float(ratio_all.max())}
-        for role, parts in s["entropy"].items():
-            if sum(p.numel() for p in parts):
-                metrics[f"train/entropy_{role}"] = float(torch.cat(parts).float().mean())
-        return metrics
+        return train.loss_metrics(s["loss"], s["samples"], s["tokens"], s["ratios"], s["entropy"])
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's log, plus train.py's metrics row (the same columns) after each optimizer step."""

@@ -80,12 +80,13 @@ def compute_spiral_advantage(data):
 
 
 def spiral_metrics(non_tensor_batch: dict, adv_BT: torch.Tensor) -> dict[str, float]:
-    """spiral/* columns of a step: r(x, y) over the aggregation rows (verl's own reward columns are not SPIRAL's:
-    verl copies one row's reward onto a session's rows), and the share of rows whose advantage is 0."""
+    """spiral/* columns of a step: mean r(x, y) over the aggregation rows (spiral.py's aggregation_accuracy; verl's own
+    reward columns are not SPIRAL's: verl copies one row's reward onto a session's rows), and the share of rows whose
+    advantage is 0."""
     is_search_B = np.array(non_tensor_batch["is_search"].tolist(), dtype=bool)  # (B,)
     rewards = np.array(non_tensor_batch["spiral_reward"].tolist(), dtype=np.float64)[~is_search_B]
     zero_B = (adv_BT.abs().amax(dim=1) == 0).numpy()  # (B,)
-    return {"spiral/aggregation_reward_mean": float(rewards.mean()) if rewards.size else float("nan"),
+    return {"spiral/aggregation_accuracy": float(rewards.mean()) if rewards.size else float("nan"),
             "spiral/search_rows": int(is_search_B.sum()), "spiral/aggregation_rows": int((~is_search_B).sum()),
             "spiral/zero_advantage_rows": float(zero_B.mean())}
 

@@ -80,6 +80,17 @@ def test_normalizer_counts_kept_problems_when_max_draws_ends_the_step(monkeypatc
     assert any(t.abs().sum() > 0 for t in g)
 
 
+def test_loss_metrics_are_the_ratio_and_entropy_over_trained_tokens():
+    """train.loss_metrics, shared by train.py and trl_spiral.py: ratios and entropies pooled over micro-batches."""
+    ratios = [torch.tensor([1.0, 2.0]), torch.tensor([]), torch.tensor([0.5])]
+    entropy = {"search": [torch.tensor([1.0]), torch.tensor([3.0, 5.0])], "aggregation": [torch.tensor([])]}
+    assert train.loss_metrics(-0.5, 3, 40, ratios, entropy) == {
+        "train/loss": -0.5, "train/samples_trained": 3, "train/tokens_trained": 40,
+        "train/importance_ratio_mean": pytest.approx(3.5 / 3), "train/importance_ratio_min": 0.5,
+        "train/importance_ratio_max": 2.0, "train/entropy_search": 3.0}  # a role with no token: no column
+    assert set(train.loss_metrics(0.0, 0, 0, [], {})) == {"train/loss", "train/samples_trained", "train/tokens_trained"}
+
+
 def test_train_loop_logs_the_kept_normalizer(tmp_path):
     """The loop itself: with max_draws = 2 of |B| = 8 requested, train/loss_normalizer = problems_kept x budget."""
     out = tmp_path / "run"

@@ -163,8 +163,11 @@ def test_one_step_lora_gradient_is_train_py_s_on_the_same_rollouts(trainer, monk
     ours = lora_grads(model)
     model.zero_grad(set_to_none=True)
     C = train.loss_normalizer(trainer.spiral, trainer.last_rollouts.metrics["problems_kept"])
-    train.accumulate_gradients(model, samples, loss_normalizer=C, temperature=trainer.spiral.temperature)
+    columns = train.accumulate_gradients(model, samples, loss_normalizer=C, temperature=trainer.spiral.temperature)
     reference = lora_grads(model)
+    ours_columns = trainer._train_metrics()  # train.py's columns from TRL's forward: float32 rounding apart
+    assert set(ours_columns) == set(columns) and ours_columns == pytest.approx(columns, rel=1e-3)
+    assert columns["train/importance_ratio_min"] < columns["train/importance_ratio_max"]
     model.zero_grad(set_to_none=True)
     assert len(ours) == len(reference) == 2 * 7 * model.base_model.model.config.num_hidden_layers
     flat_ours, flat_ref = torch.cat([g.flatten() for g in ours]), torch.cat([g.flatten() for g in reference])
@@ -227,6 +230,23 @@ def test_bad_flags_are_one_line_errors_and_write_nothing(argv, message, tmp_path
     err = capsys.readouterr().err
     assert err.startswith("trl_spiral.py: error: ") and message in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_help_and_a_bad_output_dir_from_a_terminal(tmp_path):
+    """As a user runs it: --help prints TRL's and SPIRAL's flags and writes nothing; an output directory that cannot
+    be written is one line on stderr (no library warning around it), exit 2, nothing written."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "default"}
+    script = [sys.executable, str(ROOT / "trl_spiral.py")]
+    done = subprocess.run(script + ["--help"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage: trl_spiral.py") and "--num_search" in done.stdout
+    assert not list(tmp_path.iterdir())
+    (tmp_path / "file").write_text("mine")
+    done = subprocess.run(script + SMALL + ["--output_dir", str(tmp_path / "file" / "run")], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert done.stderr.startswith("trl_spiral.py: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "is not a directory" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "mine"
 
 
 def test_fsdp_through_accelerate_launch_without_vllm_is_refused_before_anything(tmp_path, monkeypatch, capsys):

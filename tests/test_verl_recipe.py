@@ -283,6 +283,35 @@ def test_an_override_that_breaks_the_update_is_refused(override, key):
         main_spiral.check_spiral_config(config)
 
 
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_epochs must be 1"),
+    ("trainer.n_gpus_per_node=8", "data.train_files: no file runs/verl-data/math_train.parquet"),
+])
+def test_the_entry_point_refuses_in_one_line_before_ray_starts(override, message, tmp_path):
+    """As run_spiral_*.sh starts it: a broken setting or missing data is one line (not Hydra's traceback), exit 2."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "recipe.spiral.main_spiral", override], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("WARNING:")]  # verl's: no GPU here
+    assert len(errors) == 1 and errors[0].startswith("main_spiral.py: error: ") and message in errors[0], errors
+
+
+def test_prepare_data_replaces_only_its_own_files(tmp_path, capsys):
+    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "tiny_sums"]) == 0
+    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "tiny_sums"]) == 0  # its own
+    (tmp_path / "math500.parquet").write_bytes(b"a user's file")
+    before = (tmp_path / "tiny_sums.parquet").read_bytes()
+    capsys.readouterr()
+    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums"]) == 2
+    err = capsys.readouterr().err
+    assert "math500.parquet exists and was not written by prepare_data.py" in err and err.count("\n") == 1
+    assert (tmp_path / "math500.parquet").read_bytes() == b"a user's file"
+    assert (tmp_path / "tiny_sums.parquet").read_bytes() == before  # nothing written: the check comes first
+
+
 def test_prepare_data_writes_verl_s_schema_and_the_reward_function_grades_it(tmp_path):
     import pandas as pd
 

@@ -6,12 +6,15 @@ verl's own main_ppo with two additions:
      SpiralPPOTrainer: Algorithm 1's advantages) and agent loop "spiral_agent". Registration must happen inside the
      TaskRunner's Ray actor, where get_trainer_cls runs: importing verl_spiral in the driver registers nothing there.
   2. check_spiral_config: the settings without which the update is not Algorithm 1's (config/spiral_trainer.yaml sets
-     them; a command-line override that breaks one stops here with a one-line ValueError, before Ray starts).
+     them). An override that breaks one, a missing data file (check_data_files) or a setting verl's validate_config
+     refuses stops here in one line (`main_spiral.py: error: ...`, exit 2), before Ray starts.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import hydra
 import ray
@@ -67,6 +70,17 @@ def check_spiral_config(config) -> None:
             raise ValueError(f"{key} must be {expected}")
 
 
+def check_data_files(config) -> None:
+    """ValueError naming the first local data.train_files / data.val_files parquet that is not there (verl itself would
+    find out only after Ray has started)."""
+    for key in ("train_files", "val_files"):
+        files = config.data[key]
+        for path in [files] if isinstance(files, str) else list(files):
+            if "://" not in path and not os.path.isfile(path):
+                raise ValueError(f"data.{key}: no file {path} (python -m recipe.spiral.prepare_data --out DIR writes "
+                                 "the project's problem sets)")
+
+
 def register_spiral() -> type:
     """Register trainer mode "spiral_sync" and agent loop "spiral_agent" in this process; returns the trainer class."""
     import recipe.spiral.agent_loop.spiral_agent_loop  # noqa: F401 - @register("spiral_agent")
@@ -92,8 +106,14 @@ def main(config):
     from verl.utils.device import auto_set_device
 
     auto_set_device(config)
-    check_spiral_config(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    try:
+        check_spiral_config(config)
+        check_data_files(config)
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+    except (ValueError, AssertionError) as exc:  # verl's validate_config asserts; one line, not Hydra's traceback
+        print(f"main_spiral.py: error: {(str(exc).strip() or type(exc).__name__).splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
     run_ppo(config, task_runner_class=SpiralTaskRunner)
 
 

@@ -11,17 +11,22 @@ agent loop read.
 
     python -m recipe.spiral.prepare_data --out runs/verl-data                          # math_train and math500
     python -m recipe.spiral.prepare_data --out runs/verl-data --train my.jsonl --test aime2024
+
+It replaces only parquet files it wrote itself (MARK in their schema); bad input is one line, exit 2, nothing written.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
+import checkpoint
+import cli
 import problemset
 import rollout
 import tiny  # noqa: F401 - registers the tiny preset's problem set, tiny_sums
+
+MARK = b"recipe.spiral.prepare_data"  # the schema's written_by: a file this script may replace
 
 
 def rows(name: str, split: str) -> list[dict]:
@@ -36,29 +41,55 @@ def rows(name: str, split: str) -> list[dict]:
 
 
 def write_parquet(records: list[dict], path: str) -> None:
-    """Write `records` to `path` through a temporary name (a crash leaves no half-written file)."""
+    """Write `records` to `path`, marked as ours (MARK), through a temporary name (a crash leaves no half-written
+    file)."""
     import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
+    table = pa.Table.from_pandas(pd.DataFrame(records), preserve_index=False)  # as DataFrame.to_parquet(index=False)
     tmp = f"{path}.tmp-{os.getpid()}"
-    pd.DataFrame(records).to_parquet(tmp, index=False)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"written_by": MARK}), tmp)
     os.replace(tmp, path)
 
 
+def written_here(path: str) -> bool:
+    """Whether `path` is a parquet file this script wrote (MARK in its schema)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return (pq.read_schema(path).metadata or {}).get(b"written_by") == MARK
+    except Exception:  # noqa: BLE001 - not parquet, unreadable, a directory: not ours
+        return False
+
+
+def output_path(out: str, name: str) -> str:
+    return os.path.join(out, f"{os.path.splitext(os.path.basename(name))[0]}.parquet")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="prepare_data.py", description=__doc__.split("\n\n")[0])
+    parser = cli.OneLineParser(prog="prepare_data.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/verl-data", help="folder for <set>.parquet (default runs/verl-data)")
     parser.add_argument("--train", default="math_train", help="training problems (default math_train)")
     parser.add_argument("--test", default="math500", help="validation problems (default math500)")
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
+        why = checkpoint.out_path_problem(args.out)
+        if why:
+            raise cli.ConfigError(f"--out {args.out!r}: {why}")
         splits = [(args.train, "train"), (args.test, "test")]
+        for name, _ in splits:
+            path = output_path(args.out, name)
+            if os.path.lexists(path) and not written_here(path):
+                raise cli.ConfigError(f"{path} exists and was not written by prepare_data.py; choose another --out")
+        import pandas, pyarrow  # noqa: F401, E401 - write_parquet's; a missing one is said now, before any reading
         tables = [(name, rows(name, split)) for name, split in splits]  # every input read before anything is written
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (cli.ConfigError, ImportError, OSError, ValueError, RuntimeError) as exc:
         print(f"prepare_data.py: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
     for name, records in tables:
-        path = os.path.join(args.out, f"{os.path.splitext(os.path.basename(name))[0]}.parquet")
+        path = output_path(args.out, name)
         write_parquet(records, path)
         print(f"prepare_data.py: {len(records)} problems -> {path}")
     return 0

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # SPIRAL on one node of 8 GPUs (the paper's setting: Qwen3-4B-Instruct-2507, |B| = 256, N1 = 8, n = 4, K = 4, N2 = 4,
-# L = 4096). Needs verl==0.9.1 (REQUIRED_VERL.txt) with verl[verl-core] and a rollout engine (verl[vllm] or sglang);
-# run from anywhere. Not run here: no GPU. Extra arguments are Hydra overrides (e.g. trainer.total_training_steps=10).
+# L = 4096). Needs verl==0.9.1 (REQUIRED_VERL.txt) with verl[verl-core] and a rollout engine (verl[vllm] or sglang),
+# and the data, written once by: python -m recipe.spiral.prepare_data --out runs/verl-data. Run from anywhere. Not run
+# here: no GPU. Extra arguments are Hydra overrides (e.g. trainer.total_training_steps=10); every setting is listed by
+# python -m recipe.spiral.main_spiral --help. main_spiral checks them (and the data) before anything starts.
 set -euo pipefail
+case " $* " in  # --help: the comment above, and nothing else
+    *" -h "* | *" --help "*) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print } /^set /{ exit }' "$0"; exit 0;;
+esac
 cd "$(dirname "$0")/../.."                       # the repository root: recipe.spiral, verl_spiral and the grader
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # Ray's workers import the project from here
-[ -f runs/verl-data/math_train.parquet ] || python -m recipe.spiral.prepare_data --out runs/verl-data
 
 python -m recipe.spiral.main_spiral \
     trainer.nnodes=1 trainer.n_gpus_per_node=8 \

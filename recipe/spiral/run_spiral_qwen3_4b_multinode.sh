@@ -4,14 +4,20 @@
 # on every other node
 #     ray start --address HEAD_IP:6379
 # then, on the head node, NNODES=4 bash recipe/spiral/run_spiral_qwen3_4b_multinode.sh. Every node needs this
-# repository at the same path (or a shared file system) and the same environment (REQUIRED_VERL.txt). |B| grows with
-# the nodes here (256 prompts per 8 GPUs); the mini-batch follows it (one optimizer step per batch). Not run here.
+# repository at the same path (or a shared file system), the same environment (REQUIRED_VERL.txt) and the data
+# (python -m recipe.spiral.prepare_data --out runs/verl-data). |B| grows with the nodes here (256 prompts per 8 GPUs);
+# the mini-batch follows it (one optimizer step per batch). Extra arguments are Hydra overrides. Not run here.
 set -euo pipefail
+case " $* " in  # --help: the comment above, and nothing else
+    *" -h "* | *" --help "*) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print } /^set /{ exit }' "$0"; exit 0;;
+esac
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-NNODES="${NNODES:?set NNODES, the number of nodes in the Ray cluster}"
+[[ "${NNODES:-}" =~ ^[1-9][0-9]*$ ]] || {
+    echo "$(basename "$0"): error: set NNODES to the number of nodes in the Ray cluster, got '${NNODES:-}'" >&2
+    exit 2
+}
 BATCH=$((256 * NNODES))
-[ -f runs/verl-data/math_train.parquet ] || python -m recipe.spiral.prepare_data --out runs/verl-data
 
 python -m recipe.spiral.main_spiral \
     trainer.nnodes="$NNODES" trainer.n_gpus_per_node=8 \
