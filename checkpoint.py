@@ -80,11 +80,23 @@ def within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def code_digest(root: str | None = None) -> str:
+    """Which code made a run: sha256 (12 hex digits) of the project's top-level .py files (in `root`, default this
+    checkout), names and bytes. The same digest, versions and machine train the same way; benchmarks/runner.py reuses
+    a run only with this checkout's."""
+    root = root or os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for name in sorted(e for e in os.listdir(root) if e.endswith(".py")):
+        with open(os.path.join(root, name), "rb") as f:
+            h.update(name.encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def versions(device=None) -> dict:
-    """The software and device a run or an evaluation ran on, recorded in config.json, every checkpoint and
-    evaluate.py's result. Informative only: the figures were made with constraints.txt's pins, and a resume on other
-    versions warns (it is then not bit-exact) instead of refusing."""
-    found = {"python": platform.python_version()}
+    """The software, code (code_digest) and device a run or an evaluation ran on, recorded in config.json, every
+    checkpoint and evaluate.py's result. Informative only: the figures were made with constraints.txt's pins, and a
+    resume on other versions or code warns (it is then not bit-exact) instead of refusing."""
+    found = {"python": platform.python_version(), "code": code_digest()}
     for package in ("torch", "transformers", "numpy", "math-verify"):
         try:
             found[package] = importlib.metadata.version(package)

@@ -10,8 +10,8 @@ warm start's evaluation involves no training and is the same on every run. It ru
     python train.py --preset tiny --algo grpo --seed S --out RUNS/tiny-grpo-sS
     python evaluate.py --preset tiny --limit 100 --policy base=data/tiny_warmstart --policy grpo-sS=RUNS/...
         --policy spiral-sS=RUNS/... --out RUNS/eval/comparison.json --cache-dir (a fresh temporary folder)
-A run already in RUNS with the same settings and all its steps is reused, one stopped part-way is resumed, and one
-with other settings stops the script before anything runs (--overwrite trains it again; see benchmarks/runner.py).
+A run already in RUNS with the same settings, code and all its steps is reused, one stopped part-way is resumed, and
+one with other settings or code stops the script before anything runs (--overwrite trains it again; runner.py).
 
 Writes in RUNS (--runs-dir, default runs/reproduce): report.md (the tables and how they were made), seeds.png
 (training curves, mean and range over seeds), eval/comparison.json and .png (evaluate.py's figure of the means).
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     todo, reused = runner.plan(list(runs.values()), args.overwrite, "reproduce.py")  # refuses before any work
     os.makedirs(args.runs_dir, exist_ok=True)
     for run in reused:
-        print(f"reproduce.py: reusing {run.out} (finished, same settings)", file=sys.stderr)
+        print(f"reproduce.py: reusing {run.out} (finished, same settings and code)", file=sys.stderr)
     try:
         runner.train_all(todo, args.runs_dir, args.jobs, {run.name: run.settings()["steps"] for run, _ in todo},
                          "reproduce.py")

@@ -1,10 +1,11 @@
 """Training runs for the benchmark scripts (reproduce.py, second_task.py): which runs to reuse, resume or refuse,
 and train.py jobs in parallel with their logs and one progress display; and the mean ± sd cell of their tables.
 
-A run directory is reused only when its config.json holds exactly the settings the script asks for and its
-metrics reach the last step with the adapter saved; a run with the same settings stopped part-way is resumed; a
-run with other settings (an earlier `--steps 1` trial, another seed) is never taken for a finished one: the script
-stops before anything runs unless told --overwrite.
+A run directory is reused only when its config.json holds exactly the settings the script asks for, it was trained
+by this checkout's code (checkpoint.code_digest: a run trained by earlier code would put that code's figures in the
+tables) and its metrics reach the last step with the adapter saved; a run with the same settings and code stopped
+part-way is resumed; any other run (an earlier `--steps 1` trial, another seed, other code) is never taken for a
+finished one: the script stops before anything runs unless told --overwrite.
 """
 
 from __future__ import annotations
@@ -101,12 +102,32 @@ def run_state(run: Run) -> tuple[str, str]:
     if changed:
         key = changed[0]
         return "differs", f"it was trained with {key}={saved.get(key)!r}, not {wanted.get(key)!r}"
+    try:
+        made_by = trained_by(out)
+    except (checkpoint.CheckpointError, OSError, ValueError, AttributeError) as e:
+        return "differs", f"its record of the code that trained it cannot be read ({e})"
+    if made_by != {checkpoint.code_digest()}:
+        return "differs", (f"it was trained by other code ({', '.join(sorted(made_by)) or 'not recorded'}; this "
+                           f"checkout's is {checkpoint.code_digest()}), so its figures are not this code's")
     rows = checkpoint.read_metrics(os.path.join(out, "metrics.jsonl"))
     if rows and rows[-1]["step"] >= wanted["steps"] and os.path.isfile(os.path.join(out, "adapter",
                                                                                     "adapter_config.json")):
         return "finished", ""
     return ("resume", "") if checkpoint.latest_checkpoint(out) else ("differs", "it stopped before its first "
                                                                                 "checkpoint")
+
+
+def trained_by(out: str) -> set[str]:
+    """The code digests (checkpoint.code_digest) a run directory records: config.json's (where it started) and its
+    latest checkpoint's (where it last saved); empty for a run from before digests were recorded."""
+    states = [os.path.join(out, "config.json")]
+    if checkpoint.latest_checkpoint(out):
+        states.append(os.path.join(checkpoint.latest_checkpoint(out), "trainer_state.json"))
+    found = set()
+    for path in states:
+        with open(path) as f:
+            found.add((json.load(f).get("versions") or {}).get("code"))
+    return found - {None}
 
 
 def plan(runs: list[Run], overwrite: bool, who: str) -> tuple[list[tuple[Run, list[str]]], list[Run]]:

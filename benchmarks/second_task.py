@@ -7,8 +7,8 @@ holds another run, such as an earlier --steps 1 trial: see benchmarks/runner.py)
 cache. Writes the table of means and spreads over seeds (Markdown and JSON, both naming the
 seeds and steps) and a figure (PNG, needs matplotlib):
 
-    python benchmarks/second_task.py                       # 3 seeds x 2 algorithms, then the evaluation
-    python benchmarks/second_task.py --seeds 0,1,2,3,4      # more seeds; finished runs are reused
+    python benchmarks/second_task.py                       # 5 seeds x 2 algorithms, then the evaluation
+    python benchmarks/second_task.py --seeds 0,1,2,3,4,5,6,7  # more seeds; finished runs are reused
     python benchmarks/second_task.py --out benchmarks/second_task   # replace the shipped result (README)
 
 Outputs: OUT.{md,json,png} (default runs/second_task/second_task; the shipped result is replaced only when named);
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     parser = runner.Parser(prog="second_task.py", description=__doc__.split("\n\n")[0],
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated training seeds (default 0,1,2,3,4)")
     parser.add_argument("--steps", type=int, help="training steps per run (default: the preset's, 30)")
     parser.add_argument("--limit", type=int, default=50, help="evaluation problems (default 50)")
     parser.add_argument("--runs-dir", default="runs/second_task")
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     steps = runs[0].settings()["steps"]
     os.makedirs(args.runs_dir, exist_ok=True)
     for run in reused:
-        print(f"second_task.py: reusing {run.out} (finished, same settings)", file=sys.stderr)
+        print(f"second_task.py: reusing {run.out} (finished, same settings and code)", file=sys.stderr)
     try:
         seconds = runner.train_all(todo, args.runs_dir, args.jobs, {run.name: steps for run, _ in todo},
                                    "second_task.py")

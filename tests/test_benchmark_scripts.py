@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from tests.test_user_files import _load, _one_line, _snapshot, nothing_runs  # noqa: F401 (a fixture)
+import checkpoint
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,12 +38,14 @@ def test_help_and_typos_run_nothing(script, nothing_runs, capsys):
 # Benchmark scripts: a run directory is reused only when it holds exactly the run asked for
 
 
-def _fake_run(out, flags, steps_logged, adapter=True):
-    """A run directory as train.py leaves it: config.json of `flags`, metrics up to `steps_logged`, the adapter."""
+def _fake_run(out, flags, steps_logged, adapter=True, code=None):
+    """A run directory as train.py leaves it: config.json of `flags` with the versions and code digest that trained
+    it (this checkout's unless `code`), metrics up to `steps_logged`, the adapter."""
     out.mkdir(parents=True)
     cfg = train.resolve_config(vars(train.build_parser().parse_args([*flags, "--out", str(out)])))
     import dataclasses
-    (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    versions = checkpoint.versions("cpu") | ({"code": code} if code else {})
+    (out / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), "versions": versions}))
     (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, steps_logged + 1)))
     if adapter:
         (out / "adapter").mkdir()
@@ -63,6 +66,45 @@ def test_a_run_is_reused_only_with_the_same_settings_and_all_its_steps(tmp_path)
     assert runner.run_state(run)[0] == "differs"
     (tmp_path / "grpo-s0" / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 31)))
     assert runner.run_state(run) == ("finished", "")
+
+
+def test_a_run_trained_by_other_code_is_not_reused(tmp_path):
+    """The shipped second-task table once came from runs an earlier commit trained, reused because their settings
+    matched: a finished run is reused only when its config.json and latest checkpoint name this checkout's code."""
+    flags = ["--preset", "tiny_parts", "--algo", "grpo", "--seed", "0", "--steps", "1"]
+    run = runner.Run("grpo-s0", str(tmp_path / "grpo-s0"), flags)
+    _fake_run(tmp_path / "grpo-s0", flags, 1, code="0123456789ab")
+    state, why = runner.run_state(run)
+    assert state == "differs" and "other code (0123456789ab;" in why and checkpoint.code_digest() in why
+    config = json.loads((tmp_path / "grpo-s0" / "config.json").read_text())
+    config["versions"]["code"] = checkpoint.code_digest()
+    (tmp_path / "grpo-s0" / "config.json").write_text(json.dumps(config))
+    assert runner.run_state(run) == ("finished", "")
+    step = tmp_path / "grpo-s0" / "checkpoint" / "step-000001"  # resumed and saved by other code
+    step.mkdir(parents=True)
+    (step / "trainer_state.json").write_text(json.dumps({"step": 1, "data": {"epoch": 0, "index": 8}, "config": config,
+                                                         "versions": {"code": "0123456789ab"}}))
+    assert runner.run_state(run)[0] == "differs"
+    del config["versions"]  # a run from before digests were recorded
+    (tmp_path / "grpo-s0" / "config.json").write_text(json.dumps(config))
+    shutil.rmtree(tmp_path / "grpo-s0" / "checkpoint")
+    assert "not recorded" in runner.run_state(run)[1]
+
+
+def test_the_code_digest_names_the_project_s_python_files(tmp_path, monkeypatch):
+    """Any change to a top-level .py file changes the digest; files elsewhere (tests, data) do not."""
+    for name in ("checkpoint.py", "train.py", "setsample.py"):
+        shutil.copy(os.path.join(ROOT, name), tmp_path / name)
+    (tmp_path / "data").mkdir()
+    digest = lambda: checkpoint.code_digest(str(tmp_path))  # noqa: E731
+    before = digest()
+    (tmp_path / "data" / "x.jsonl").write_text("{}")
+    assert digest() == before
+    (tmp_path / "setsample.py").write_text((tmp_path / "setsample.py").read_text() + "\n# a comment\n")
+    assert digest() != before
+    changed = digest()
+    (tmp_path / "new_concept.py").write_text("")
+    assert digest() != changed
 
 
 def test_second_task_stops_before_work_on_a_reused_looking_trial(tmp_path, nothing_runs, capsys):

@@ -122,7 +122,7 @@ def test_evaluation_figures_land_in_the_stated_range(fresh):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The second task's table (benchmarks/second_task.py, 3 seeds): a fresh seed lands in its range too
+# The second task's table (benchmarks/second_task.py, 5 seeds): a fresh seed lands in its range too
 
 
 def second_task_table() -> dict[str, dict[str, str]]:

@@ -20,7 +20,7 @@ import train
 
 SMALL = ["--preset", "tiny", "--model", "tiny", "--batch-problems", "1", "--num-search", "3", "--set-size", "2",
          "--num-sets", "2", "--num-aggregations", "2", "--max-new-tokens", "6", "--no-plot"]
-KEYS = {"python", "torch", "transformers", "numpy", "math-verify", "device"}
+KEYS = {"python", "code", "torch", "transformers", "numpy", "math-verify", "device"}
 
 
 @pytest.fixture
@@ -37,6 +37,7 @@ def test_versions_are_this_process_s():
     assert set(found) == KEYS
     assert found["python"] == platform.python_version() and found["torch"] == torch.__version__
     assert found["numpy"] == np.__version__ and found["device"].startswith("cpu")
+    assert found["code"] == checkpoint.code_digest() and len(found["code"]) == 12
 
 
 def test_a_run_records_versions_and_a_resume_on_other_versions_warns_once(data, tmp_path, capsys, one_thread):
@@ -47,12 +48,12 @@ def test_a_run_records_versions_and_a_resume_on_other_versions_warns_once(data, 
     state = json.loads(state_path.read_text())
     assert config["versions"] == state["versions"] == checkpoint.versions("cpu")
     capsys.readouterr()
-    state["versions"] |= {"torch": "0.0.1", "transformers": "4.0.0"}  # as if the run had started elsewhere
+    state["versions"] |= {"torch": "0.0.1", "transformers": "4.0.0", "code": "0123456789ab"}  # started elsewhere
     state_path.write_text(json.dumps(state))
     assert train.main(["--out", str(out), "--resume", "--steps", "2"]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and f"torch 0.0.1 -> {torch.__version__}" in warnings[0]
-    assert "transformers 4.0.0 ->" in warnings[0]
+    assert "transformers 4.0.0 ->" in warnings[0] and f"code 0123456789ab -> {checkpoint.code_digest()}" in warnings[0]
     assert [r["step"] for r in checkpoint.read_metrics(str(out / "metrics.jsonl"))] == [1, 2]
     # Same versions: no warning.
     assert train.main(["--out", str(out), "--resume", "--steps", "3"]) == 0
