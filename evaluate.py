@@ -405,13 +405,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def policy_identity(policy: dict, cfg, dtype, engine: str = "hf") -> dict:
     """What the cache keys traces by: model, adapter (hash of its files), seed, sampling settings, dtype and the
-    engine that samples them."""
+    engine that samples them. Everything but the model's path also seeds the sampling (run_generation)."""
     model, adapter = policy["model"], None
     if policy["adapter"]:  # the adapter's bytes, so a retrained adapter in the same directory is a new policy
         h = hashlib.sha256()
         for f in sorted(Path(policy["adapter"]).rglob("*")):
-            if f.name == "adapter_config.json" or f.suffix == ".safetensors":
-                h.update(str(f.relative_to(policy["adapter"])).encode() + f.read_bytes())
+            data = f.read_bytes() if f.suffix == ".safetensors" else None
+            if f.name == "adapter_config.json":  # less where its base was: the same run in another checkout (or
+                config = json.loads(f.read_bytes())  # CI's clone) must draw the same traces; "model" names the base
+                data = json.dumps({k: v for k, v in config.items() if k != "base_model_name_or_path"},
+                                  sort_keys=True).encode()
+            if data is not None:
+                h.update(str(f.relative_to(policy["adapter"])).encode() + data)
         adapter = h.hexdigest()
     return {"format": 3, "model": model, "adapter": adapter, "seed": cfg.seed, "temperature": cfg.temperature,
             "dtype": str(dtype).removeprefix("torch."),

@@ -148,3 +148,14 @@ def test_the_cache_knows_a_policy_by_its_bytes_and_sampling_settings_not_its_pat
     config["lora_alpha"] = 2 * config["lora_alpha"]  # same weights, another scale: another policy
     (moved / "adapter_config.json").write_text(json.dumps(config))
     assert _identity(moved) != _identity(adapter)
+    # The same run trained in another checkout: its adapter_config.json names the base where that checkout has it
+    # (train.py writes an absolute path). The same policy, so the same sampling seed: CI's clone draws the README's
+    # traces. Before, the path seeded the sampling and a second-task cell moved by 0.02 between two checkouts.
+    shutil.rmtree(moved)
+    shutil.copytree(adapter, moved)
+    for sub in ("", "aggregator"):
+        path = moved / sub / "adapter_config.json"
+        config = json.loads(path.read_text())
+        config["base_model_name_or_path"] = "/another/checkout/data/tiny_warmstart"
+        path.write_text(json.dumps(config, indent=4))
+    assert _identity(moved) == _identity(adapter)
