@@ -110,6 +110,12 @@ def mean_summary(summaries: list):
     return first
 
 
+def span(values: list[float]) -> str:
+    """ "2.1-2.4", or "0.7" when the values round alike: the provenance line's range of minutes."""
+    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    return low if low == high else f"{low}-{high}"
+
+
 def replace_block(text: str, name: str, content: str) -> str:
     """text with the lines between "<!-- reproduce.py: name -->" and the next "<!-- /reproduce.py -->" replaced."""
     pattern = re.compile(rf"(<!-- reproduce\.py: {name} -->\n).*?(<!-- /reproduce\.py -->)", re.S)
@@ -208,8 +214,8 @@ def main(argv=None) -> int:
         f"Measured by `python benchmarks/reproduce.py` (seeds {', '.join(map(str, args.seeds))}) on "
         f"{time.strftime('%Y-%m-%d')} ({v['device']}; Python {v['python']}, torch {v['torch']}, transformers "
         f"{v['transformers']}, numpy {v['numpy']}, math-verify {v['math-verify']}). 100 steps took "
-        f"{min(minutes['spiral']):.1f}-{max(minutes['spiral']):.1f} min per SPIRAL run and "
-        f"{min(minutes['grpo']):.1f}-{max(minutes['grpo']):.1f} min per GRPO run (the runs' own step times, loading "
+        f"{span(minutes['spiral'])} min per SPIRAL run and "
+        f"{span(minutes['grpo'])} min per GRPO run (the runs' own step times, loading "
         f"excluded), the evaluation of {len(result['policies'])} policies {evaluation_s / 60:.1f} min from an empty "
         f"cache (load average at the end {os.getloadavg()[1]:.1f} on {os.cpu_count()} cores: a busy machine is "
         "slower).", 116, break_on_hyphens=False)

@@ -91,6 +91,10 @@ def test_a_run_trained_by_other_code_is_not_reused(tmp_path):
     assert "not recorded" in runner.run_state(run)[1]
 
 
+def test_the_provenance_line_s_minutes_are_a_range_or_one_value():
+    assert reproduce.span([2.14, 2.43, 2.2]) == "2.1-2.4" and reproduce.span([0.71, 0.74]) == "0.7"
+
+
 def test_the_code_digest_names_the_project_s_python_files(tmp_path, monkeypatch):
     """Any change to a top-level .py file changes the digest; files elsewhere (tests, data) do not."""
     for name in ("checkpoint.py", "train.py", "setsample.py"):
