@@ -156,7 +156,7 @@ def train_all(todo: list[tuple[Run, list[str]]], logs_dir: str, jobs: int, steps
     LOGS/NAME.log; progress: the steps logged by all runs together. {name: seconds}. A failed run stops the rest
     (exit 1 naming its log); Ctrl-C stops them all (train.py saves nothing half-written; rerun to resume)."""
     total = sum(steps_of[run.name] for run, _ in todo)
-    done_before = {run.name: _steps_logged(run) for run, _ in todo}
+    done_before = {run.name: 0 if "--overwrite" in extra else _steps_logged(run) for run, extra in todo}  # resumed
     seconds, running, waiting = {}, [], list(todo)
     progress = figures.Progress(total - sum(done_before.values()), f"{who}: training {len(todo)} runs", "steps")
     counted = dict(done_before)

@@ -267,6 +267,41 @@ def test_trainings_run_a_few_at_a_time_and_a_failure_stops_the_rest(tmp_path, mo
     assert started[1].code == 130 and started[1].step < 6  # the other run was stopped as Ctrl-C stops it
 
 
+def test_progress_counts_the_steps_left_a_resumed_run_from_its_checkpoint_an_overwritten_one_from_zero(
+        tmp_path, monkeypatch):
+    """With --overwrite the old run's 3 logged steps are not done work (the bar read 0/0 steps for a whole
+    second_task.py --overwrite); with --resume they are."""
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    shown = []
+
+    class Recorder:
+        def __init__(self, total, desc, unit):
+            shown.append([total, 0])
+
+        def update(self, n):
+            shown[-1][1] += n
+
+        def close(self):
+            pass
+
+    def popen(cmd, cwd, stdout, stderr):
+        out = cmd[cmd.index("--out") + 1]
+        if "--overwrite" in cmd:  # train.py starts the run over: its old metrics go
+            os.remove(os.path.join(out, "metrics.jsonl"))
+        training = FakeTraining(out, 3, 0, [])
+        training.step = runner._steps_logged(runner.Run("x", out, []))
+        return training
+
+    monkeypatch.setattr(runner.figures, "Progress", Recorder)
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+    for extra, logged, expected in ((["--overwrite"], 3, [3, 3]), (["--resume"], 2, [1, 1])):
+        out = tmp_path / extra[0].strip("-")
+        out.mkdir()
+        (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, logged + 1)))
+        runner.train_all([(runner.Run("a", str(out), []), extra)], str(tmp_path), 1, {"a": 3}, "test")
+        assert shown[-1] == expected, extra
+
+
 def test_the_comparison_figure_draws_the_mean_over_seeds():
     first = {"passk": {"k": [1, 2], "pass_at_k": [0.2, 0.4], "max_new_tokens": 12},
              "rsa": [{"population": 4, "step": [1, 2], "pass_at_1": [0.1, 0.3]}]}
