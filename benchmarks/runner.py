@@ -156,7 +156,9 @@ def train_all(todo: list[tuple[Run, list[str]]], logs_dir: str, jobs: int, steps
     LOGS/NAME.log; progress: the steps logged by all runs together. {name: seconds}. A failed run stops the rest
     (exit 1 naming its log); Ctrl-C stops them all (train.py saves nothing half-written; rerun to resume)."""
     total = sum(steps_of[run.name] for run, _ in todo)
-    done_before = {run.name: 0 if "--overwrite" in extra else _steps_logged(run) for run, extra in todo}  # resumed
+    # An overwritten run's old metrics.jsonl stays until train.py replaces it: its steps count only once rewritten
+    old = {run.name: _metrics_mtime(run) for run, extra in todo if "--overwrite" in extra}
+    done_before = {run.name: 0 if run.name in old else _steps_logged(run) for run, _ in todo}  # resumed: its steps
     seconds, running, waiting = {}, [], list(todo)
     progress = figures.Progress(total - sum(done_before.values()), f"{who}: training {len(todo)} runs", "steps")
     counted = dict(done_before)
@@ -174,7 +176,7 @@ def train_all(todo: list[tuple[Run, list[str]]], logs_dir: str, jobs: int, steps
             time.sleep(1)
             for item in list(running):
                 run, proc, start, log, log_path = item
-                now = _steps_logged(run)
+                now = 0 if run.name in old and _metrics_mtime(run) == old[run.name] else _steps_logged(run)
                 progress.update(max(0, now - counted[run.name]))
                 counted[run.name] = max(counted[run.name], now)
                 if proc.poll() is None:
@@ -206,6 +208,13 @@ def _steps_logged(run: Run) -> int:
         return int(json.loads(complete[-1])["step"]) if complete else 0
     except (OSError, ValueError, KeyError, TypeError):
         return 0
+
+
+def _metrics_mtime(run: Run) -> int | None:
+    try:
+        return os.stat(os.path.join(REPO, run.out, "metrics.jsonl")).st_mtime_ns
+    except OSError:
+        return None
 
 
 def _last_line(path: str) -> str:

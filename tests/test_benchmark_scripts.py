@@ -284,13 +284,29 @@ def test_progress_counts_the_steps_left_a_resumed_run_from_its_checkpoint_an_ove
         def close(self):
             pass
 
+    class Overwriting(FakeTraining):
+        """train.py --overwrite: its old metrics.jsonl is still there at the first polls, replaced later."""
+
+        def __init__(self, out, old_steps):
+            super().__init__(out, 3, 0, [])
+            self.step, self.polls, self.new = old_steps, 0, False
+
+        def poll(self):
+            assert shown[-1][1] <= (self.step if self.new else 0)  # the bar never counts the old run's steps
+            self.polls += 1
+            if self.polls == 3:  # the new run writes its first step: the old file goes
+                os.remove(os.path.join(self.out, "metrics.jsonl"))
+                self.step, self.new = 0, True
+            return super().poll() if self.new else None
+
     def popen(cmd, cwd, stdout, stderr):
         out = cmd[cmd.index("--out") + 1]
-        if "--overwrite" in cmd:  # train.py starts the run over: its old metrics go
-            os.remove(os.path.join(out, "metrics.jsonl"))
-        training = FakeTraining(out, 3, 0, [])
-        training.step = runner._steps_logged(runner.Run("x", out, []))
-        return training
+        old_steps = runner._steps_logged(runner.Run("x", out, []))
+        if "--overwrite" in cmd:
+            return Overwriting(out, old_steps)
+        resumed = FakeTraining(out, 3, 0, [])  # --resume: goes on after the steps it has
+        resumed.step = old_steps
+        return resumed
 
     monkeypatch.setattr(runner.figures, "Progress", Recorder)
     monkeypatch.setattr(runner.subprocess, "Popen", popen)
