@@ -171,7 +171,8 @@ def train_all(todo: list[tuple[Run, list[str]]], logs_dir: str, jobs: int, steps
                 log_path = os.path.join(logs_dir, f"{run.name}.log")
                 print(f"{who}: $ python {' '.join(cmd[4:])}   (log: {log_path})", file=sys.stderr, flush=True)
                 log = open(os.path.join(REPO, log_path), "w")
-                running.append((run, subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT),
+                running.append((run, subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                                      preexec_fn=sigint_stops),
                                 time.perf_counter(), log, log_path))
             time.sleep(1)
             for item in list(running):
@@ -198,6 +199,13 @@ def train_all(todo: list[tuple[Run, list[str]]], logs_dir: str, jobs: int, steps
             log.close()
         progress.close()
     return seconds
+
+
+def sigint_stops() -> None:
+    """For a child process (Popen's preexec_fn): SIGINT at its default, so that Python in it raises
+    KeyboardInterrupt. Why: a script started in the background (`nohup ... &`, a CI job) inherits SIGINT ignored,
+    and its train.py processes would then ignore the SIGINT that stops them when another run fails."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _steps_logged(run: Run) -> int:

@@ -246,7 +246,8 @@ def test_trainings_run_a_few_at_a_time_and_a_failure_stops_the_rest(tmp_path, mo
     started, codes, jobs = [], {"a": 0, "b": 0, "c": 1, "d": 0}, [1]
     monkeypatch.setattr(runner.time, "sleep", lambda s: None)
 
-    def popen(cmd, cwd, stdout, stderr):
+    def popen(cmd, cwd, stdout, stderr, preexec_fn):
+        assert preexec_fn is runner.sigint_stops  # the SIGINT that stops a run reaches it (see the test below)
         out = cmd[cmd.index("--out") + 1]
         running = [p for p in started if p.returncode is None]
         assert len(running) < jobs[0]
@@ -299,7 +300,7 @@ def test_progress_counts_the_steps_left_a_resumed_run_from_its_checkpoint_an_ove
                 self.step, self.new = 0, True
             return super().poll() if self.new else None
 
-    def popen(cmd, cwd, stdout, stderr):
+    def popen(cmd, cwd, stdout, stderr, preexec_fn):
         out = cmd[cmd.index("--out") + 1]
         old_steps = runner._steps_logged(runner.Run("x", out, []))
         if "--overwrite" in cmd:
@@ -316,6 +317,23 @@ def test_progress_counts_the_steps_left_a_resumed_run_from_its_checkpoint_an_ove
         (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, logged + 1)))
         runner.train_all([(runner.Run("a", str(out), []), extra)], str(tmp_path), 1, {"a": 3}, "test")
         assert shown[-1] == expected, extra
+
+
+def test_trainings_started_from_a_background_script_still_stop_on_sigint():
+    """A script started with SIGINT ignored (nohup ... &) passes it on to its children; runner's preexec restores the
+    default, so the SIGINT that stops the other runs after a failure reaches train.py as KeyboardInterrupt."""
+    import signal
+    import subprocess
+    import sys
+
+    probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job has it
+    try:
+        inherited = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
+        restored = subprocess.run(probe, capture_output=True, text=True, preexec_fn=runner.sigint_stops).stdout.strip()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert (inherited, restored) == ("False", "True")
 
 
 def test_the_comparison_figure_draws_the_mean_over_seeds():

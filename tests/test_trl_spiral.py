@@ -335,7 +335,10 @@ def test_ctrl_c_from_a_terminal_is_one_line(tmp_path):
     cmd = [sys.executable, str(ROOT / "trl_spiral.py"), *SMALL, "--max_steps", "50", "--save_steps", "1",
            "--output_dir", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    # SIGINT at its default, as a terminal starts a process: run in the background (`nohup bash .ci/run &`) the test
+    # inherits it ignored, and trl_spiral.py then trained all 50 steps and exited 0
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in proc.stdout:
         if line.startswith("trl_spiral.py: step 2/"):
             break
