@@ -214,9 +214,8 @@ def main(argv=None) -> int:
         f"Measured by `python benchmarks/reproduce.py` (seeds {', '.join(map(str, args.seeds))}) on "
         f"{time.strftime('%Y-%m-%d')} ({v['device']}; Python {v['python']}, torch {v['torch']}, transformers "
         f"{v['transformers']}, numpy {v['numpy']}, math-verify {v['math-verify']}). 100 steps took "
-        f"{span(minutes['spiral'])} min per SPIRAL run and "
-        f"{span(minutes['grpo'])} min per GRPO run (the runs' own step times, loading "
-        f"excluded), the evaluation of {len(result['policies'])} policies {evaluation_s / 60:.1f} min from an empty "
+        f"{span(minutes['spiral'])} min per SPIRAL run and {span(minutes['grpo'])} min per GRPO run (the runs' own "
+        f"step times, loading excluded), the evaluation of {len(result['policies'])} policies {evaluation_s / 60:.1f} min from an empty "
         f"cache (load average at the end {os.getloadavg()[1]:.1f} on {os.cpu_count()} cores: a busy machine is "
         "slower).", 116, break_on_hyphens=False)
     report = os.path.join(args.runs_dir, "report.md")

@@ -120,9 +120,8 @@ def run_state(run: Run) -> tuple[str, str]:
 def trained_by(out: str) -> set[str]:
     """The code digests (checkpoint.code_digest) a run directory records: config.json's (where it started) and its
     latest checkpoint's (where it last saved); empty for a run from before digests were recorded."""
-    states = [os.path.join(out, "config.json")]
-    if checkpoint.latest_checkpoint(out):
-        states.append(os.path.join(checkpoint.latest_checkpoint(out), "trainer_state.json"))
+    latest = checkpoint.latest_checkpoint(out)
+    states = [os.path.join(out, "config.json")] + ([os.path.join(latest, "trainer_state.json")] if latest else [])
     found = set()
     for path in states:
         with open(path) as f:
