@@ -50,8 +50,12 @@ STOP_CHECK_EVERY = 32  # CUDA: decode steps between checks that every row has st
 MAX_CALL_SHAPES = 4  # call shapes whose state and CUDA graphs are kept (search and aggregation alternate in train.py)
 
 
+def _ceil_div(n: int, d: int) -> int:
+    return -(-n // d)
+
+
 def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
+    return _ceil_div(n, multiple) * multiple
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -135,8 +139,8 @@ class CallShape:
     @staticmethod
     def of(prompt_lengths: list[int], copies: int, max_new_tokens: int) -> "CallShape":
         L = max(prompt_lengths)
-        n_chunks = -(-L // PREFIX_CHUNK)
-        chunk = _round_up(-(-L // n_chunks), SLOT_MULTIPLE)  # equal chunks: at most SLOT_MULTIPLE - 1 pads each
+        n_chunks = _ceil_div(L, PREFIX_CHUNK)
+        chunk = _round_up(_ceil_div(L, n_chunks), SLOT_MULTIPLE)  # equal chunks: at most SLOT_MULTIPLE - 1 pads each
         return CallShape(len(prompt_lengths), copies, n_chunks, chunk, _round_up(max_new_tokens, SUFFIX_BUCKET))
 
     @property
@@ -201,6 +205,13 @@ class CallState:
         self.done_B.zero_()
         self.temperature.fill_(temperature)
         self.eos.copy_(torch.tensor(eos_ids))
+
+    def record(self, column: torch.Tensor, token_B, logprob_B, entropy_B) -> None:
+        """Write one sampled column (`column`: a (1,) index) of tokens, log-probs and entropies; a row that sampled
+        an EOS is done. The prefill's sample and every decode step's write through here."""
+        for buffer, value in ((self.tokens_BT, token_B), (self.logprobs_BT, logprob_B), (self.entropies_BT, entropy_B)):
+            buffer.index_copy_(1, column, value[:, None])
+        self.done_B.logical_or_(torch.isin(token_B, self.eos))
 
     def suffix_bias(self, suffix_len: int, dtype) -> torch.Tensor:
         """(suffix_len,): 0 on the suffix slots filled so far (0..t, the fed token's included), MASKED after."""
@@ -351,9 +362,7 @@ def decode_one_token(w: Weights, cache: KVCache, s: CallState, shape: CallShape,
         x = x + layer.o(cascade_attention(q, cache, i, s, shape, suffix_len, suffix_bias, w.scaling))
         x = x + _mlp(layer, _rms_norm(layer.post_norm, x, fuse=True), fuse=True)
     token, logprob, entropy = sample(w.lm_head(_rms_norm(w.norm, x[:, 0], fuse=True)), s.temperature)  # (B,) x 3
-    for buffer, value in ((s.tokens_BT, token), (s.logprobs_BT, logprob), (s.entropies_BT, entropy)):
-        buffer.index_copy_(1, t + 1, value[:, None])
-    s.done_B.logical_or_(torch.isin(token, s.eos))
+    s.record(t + 1, token, logprob, entropy)
     s.t.add_(1)
 
 
@@ -500,9 +509,7 @@ def sample_micro_batch(model, prompt_ids: list[list[int]], copies: int, max_new_
     check_every = 1 if engine.graph_pool is None else STOP_CHECK_EVERY  # a CPU stops when HF generate does
     with attention_backends():  # no cuDNN attention: it crashes on H100s (issue 18)
         logits = prefill(w, call[0], prompt_ids, shape, pad_id).repeat_interleave(copies, dim=0)  # (B, V)
-        token, logprob, entropy = sample(logits, s.temperature)
-        s.tokens_BT[:, 0], s.logprobs_BT[:, 0], s.entropies_BT[:, 0] = token, logprob, entropy
-        s.done_B.logical_or_(torch.isin(token, s.eos))
+        s.record(s.t.view(1), *sample(logits, s.temperature))  # column 0 (s.t is 0)
         steps = 1  # columns sampled so far
         while steps < max_new_tokens and not (steps % check_every == 0 and bool(s.done_B.all())):
             engine.step(w, call, shape, _round_up(steps, SUFFIX_BUCKET))  # feeds column steps - 1
