@@ -57,7 +57,7 @@ import rollout
 import tiny
 import tiny_parts
 from checkpoint import quiet_libraries, versions
-from lora import load_adapter, lora_parameters, use_adapter
+from lora import ADAPTER_CONFIG, load_adapter, lora_parameters, read_adapter_config, use_adapter
 from reward import extract_answer, reward
 from testtime import derive_seed, digest, majority_at_k, pass_at_k, recursive_self_aggregation
 
@@ -410,13 +410,15 @@ def policy_identity(policy: dict, cfg, dtype, engine: str = "hf") -> dict:
     if policy["adapter"]:  # the adapter's bytes, so a retrained adapter in the same directory is a new policy
         h = hashlib.sha256()
         for f in sorted(Path(policy["adapter"]).rglob("*")):
-            data = f.read_bytes() if f.suffix == ".safetensors" else None
-            if f.name == "adapter_config.json":  # less where its base was: the same run in another checkout (or
-                config = json.loads(f.read_bytes())  # CI's clone) must draw the same traces; "model" names the base
-                data = json.dumps({k: v for k, v in config.items() if k != "base_model_name_or_path"},
-                                  sort_keys=True).encode()
-            if data is not None:
-                h.update(str(f.relative_to(policy["adapter"])).encode() + data)
+            if f.suffix == ".safetensors":
+                data = f.read_bytes()
+            elif f.name == ADAPTER_CONFIG:  # less where its base was: the same run in another checkout (or CI's
+                config = read_adapter_config(str(f.parent))  # clone) must draw the same traces; "model" names the base
+                config.pop("base_model_name_or_path", None)
+                data = json.dumps(config, sort_keys=True).encode()
+            else:
+                continue
+            h.update(str(f.relative_to(policy["adapter"])).encode() + data)
         adapter = h.hexdigest()
     return {"format": 3, "model": model, "adapter": adapter, "seed": cfg.seed, "temperature": cfg.temperature,
             "dtype": str(dtype).removeprefix("torch."),
@@ -439,10 +441,11 @@ def load_policies(cfg) -> dict[str, dict]:
             except Exception as e:  # unknown Hub id, missing directory, no network, not a model
                 raise UsageError(f"cannot load the model {name} of policy {label}: {str(e).splitlines()[0]}") from None
             model = model.eval()
-            if getattr(cfg, "generation", "hf") == "fast" and rollout.fastgen.supports(model):
+            engine = getattr(cfg, "generation", "hf")
+            if engine == "fast" and rollout.fastgen.supports(model):
                 raise UsageError(f"--generation fast: {rollout.fastgen.supports(model)}")
             # auto: per model (a Qwen3 on CUDA samples fast); the cache keys traces by the engine that drew them
-            model.generation_engine = rollout.resolve_engine(getattr(cfg, "generation", "hf"), model)
+            model.generation_engine = rollout.resolve_engine(engine, model)
             bases[name] = model, tokenizer, model.get_input_embeddings().weight.dtype
         model, tokenizer, dtype = bases[name]
         search = aggregation = lambda m=model: use_adapter(m, None)  # noqa: E731
