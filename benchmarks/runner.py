@@ -91,7 +91,7 @@ def run_state(run: Run) -> tuple[str, str]:
     if not os.path.isdir(out) or not os.listdir(out):
         return "new", ""
     try:
-        saved = checkpoint.saved_config(out)
+        saved, latest = checkpoint.saved_config(out), checkpoint.latest_checkpoint(out)
     except (checkpoint.CheckpointError, OSError, ValueError) as e:
         return "differs", f"its config cannot be read ({e})"
     if saved is None:
@@ -103,8 +103,8 @@ def run_state(run: Run) -> tuple[str, str]:
         key = changed[0]
         return "differs", f"it was trained with {key}={saved.get(key)!r}, not {wanted.get(key)!r}"
     try:
-        made_by = trained_by(out)
-    except (checkpoint.CheckpointError, OSError, ValueError, AttributeError) as e:
+        made_by = trained_by(out, latest)
+    except (checkpoint.CheckpointError, AttributeError) as e:  # AttributeError: a config.json that is not a dict
         return "differs", f"its record of the code that trained it cannot be read ({e})"
     if made_by != {checkpoint.code_digest()}:
         return "differs", (f"it was trained by other code ({', '.join(sorted(made_by)) or 'not recorded'}; this "
@@ -113,20 +113,17 @@ def run_state(run: Run) -> tuple[str, str]:
     if rows and rows[-1]["step"] >= wanted["steps"] and os.path.isfile(os.path.join(out, "adapter",
                                                                                     "adapter_config.json")):
         return "finished", ""
-    return ("resume", "") if checkpoint.latest_checkpoint(out) else ("differs", "it stopped before its first "
-                                                                                "checkpoint")
+    return ("resume", "") if latest else ("differs", "it stopped before its first checkpoint")
 
 
-def trained_by(out: str) -> set[str]:
+def trained_by(out: str, latest: str | None) -> set[str]:
     """The code digests (checkpoint.code_digest) a run directory records: config.json's (where it started) and its
-    latest checkpoint's (where it last saved); empty for a run from before digests were recorded."""
-    latest = checkpoint.latest_checkpoint(out)
-    states = [os.path.join(out, "config.json")] + ([os.path.join(latest, "trainer_state.json")] if latest else [])
-    found = set()
-    for path in states:
-        with open(path) as f:
-            found.add((json.load(f).get("versions") or {}).get("code"))
-    return found - {None}
+    `latest` checkpoint's (where it last saved); empty for a run from before digests were recorded."""
+    config = os.path.join(out, "config.json")
+    records = [checkpoint._reading(config, checkpoint._read_json, config)]
+    if latest:
+        records.append(checkpoint.read_trainer_state(latest))
+    return {(record.get("versions") or {}).get("code") for record in records} - {None}
 
 
 def plan(runs: list[Run], overwrite: bool, who: str) -> tuple[list[tuple[Run, list[str]]], list[Run]]:
