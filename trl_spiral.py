@@ -168,13 +168,14 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
                 self._last_loaded_step = self.state.global_step
             backend = mock.patch.object(spiral, "generate", vllm_generate(self))  # collect_spiral has no generate=
         start = time.perf_counter()
-        # As TRL's own generation: ZeRO-3's parameters gathered (and its hooks off) for the whole rollout, so that each
-        # process generates alone. (FSDP would gather per forward, a collective: parse_args refuses it without vLLM.)
-        gathered = unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                               gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                                               gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
-        with gathered as unwrapped, torch.no_grad(), backend, \
-                self._dist.summon_full_params(self.model_wrapped, recurse=False):
+        if self.use_vllm:  # vLLM generates; the model is only read (generation_config), so nothing is gathered
+            gathered = contextlib.nullcontext(self.accelerator.unwrap_model(self.model))
+        else:  # as TRL's own generation: ZeRO-3's parameters gathered (hooks off) for the rollout, so each process
+            # generates alone. (FSDP would gather per forward, a collective: parse_args refuses it without vLLM.)
+            gathered = unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                                   gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                                   gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
+        with gathered as unwrapped, torch.no_grad(), backend:
             model = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # LoRA inside
             rollouts = spiral.collect_spiral(
                 model, tokenizer, lambda: queue.pop(0) if queue else self._redraw(), batch_problems=len(problems),
@@ -269,9 +270,10 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         loss, ratio_N = train.importance_sampling_loss(logps_BT[mask_BT], sampler_BT[mask_BT], adv_BT[mask_BT],
                                                        float(inputs["normalizer"]))
         entropy_N = entropy_BT[mask_BT].detach()  # (N,)
-        self._metrics["train"]["entropy"].append(  # TRL's column: mean over the trained tokens of all processes
-            float(self.accelerator.gather(entropy_N.sum()[None]).sum() / self.accelerator.gather(
-                torch.tensor([entropy_N.numel()], device=entropy_N.device)).sum().clamp(min=1)))
+        # TRL's column: mean over the trained tokens of all processes, as one all-reduce of [sum, count] (float32)
+        totals = self.accelerator.reduce(torch.stack([entropy_N.sum(), entropy_N.new_tensor(entropy_N.numel())]),
+                                         reduction="sum")  # (2,); one process: a copy
+        self._metrics["train"]["entropy"].append(float(totals[0] / totals[1].clamp(min=1)))
         if self._stats is not None:  # train.py's train/* metrics, over trained samples only
             s = self._stats
             s["loss"] += loss.item()
