@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -48,10 +49,13 @@ def environment() -> str:
         fail(f"{VENV} exists and is not a virtual environment; move it away (dev.py does not touch it)")
     if not os.path.isfile(PYTHON):
         print(f"dev.py: creating {VENV} (Python {sys.version.split()[0]})", flush=True)
+        made_here = not os.path.lexists(VENV)
         try:
             venv.create(VENV, with_pip=True)
-        except OSError as e:  # a read-only checkout, a full disk
-            fail(f"cannot create {VENV}: {e.strerror or e}")
+        except (OSError, subprocess.CalledProcessError) as e:  # a read-only checkout, a full disk, ensurepip failing
+            if made_here:  # half made, a later run would take it for made and fail in pip: remove what this made
+                shutil.rmtree(VENV, ignore_errors=True)
+            fail(f"cannot create {VENV}: {getattr(e, 'strerror', None) or e}")
     try:
         with open(STAMP) as f:
             installed = f.read().strip()

@@ -3,6 +3,7 @@ change, a .venv that is not a virtual environment is never touched, a second dem
 run as CI runs them (the default selection, then the slow one)."""
 
 import os
+import subprocess
 import shutil
 import sys
 
@@ -81,6 +82,25 @@ def test_a_checkout_where_the_venv_cannot_be_made_is_one_line(checkout, monkeypa
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and commands == [] and err.count("\n") == 1
     assert err == f"dev.py: error: cannot create {dev.VENV}: Permission denied\n"
+
+
+def test_a_venv_left_half_made_is_removed_and_the_failure_is_one_line(checkout, monkeypatch, capsys):
+    """ensurepip failing (a full disk) after pyvenv.cfg and bin/python exist: the next run would take the venv for
+    made and fail in pip, so dev.py removes what it made."""
+    _, commands = checkout
+
+    def half_made(path, with_pip):
+        os.makedirs(os.path.join(path, "bin"))
+        for name in ("pyvenv.cfg", os.path.join("bin", "python")):
+            open(os.path.join(path, name), "w").close()
+        raise subprocess.CalledProcessError(1, ["python", "-m", "ensurepip"])
+
+    monkeypatch.setattr(dev.venv, "create", half_made)
+    with pytest.raises(SystemExit) as exit_info:
+        dev.main(["demo"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and commands == [] and err.count("\n") == 1
+    assert err.startswith(f"dev.py: error: cannot create {dev.VENV}: Command ") and not os.path.lexists(dev.VENV)
 
 
 @pytest.mark.parametrize("argv,code", [([], 2), (["tset"], 2), (["--help"], 0)])
