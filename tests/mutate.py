@@ -91,7 +91,8 @@ def copy_repository(destination: str) -> None:
 
 def run_tests(copy: str, tests: list[str], pytest_args: list[str], timeout: float) -> tuple[str, str, float]:
     """("passed" | "failed" | "error" | "timeout", the first failing test or the error, seconds)."""
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # a stale .pyc of the same size and second would hide a
+    # no .pyc: a stale one with the mutated file's size and mtime second would be imported instead of the mutant
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", *tests, *pytest_args]
     start = time.monotonic()
     try:
