@@ -27,9 +27,7 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -181,15 +179,10 @@ def main(argv=None) -> int:
         runner.train_all(todo, args.runs_dir, args.jobs, {run.name: run.settings()["steps"] for run, _ in todo},
                          "reproduce.py")
         out = os.path.join(args.runs_dir, "eval", "comparison.json")
-        command = ["evaluate.py", "--preset", "tiny", "--limit", "100", "--policy", "base=data/tiny_warmstart"]
-        command += [f"--policy={algo}-s{s}={run.out}/adapter" for (algo, s), run in sorted(runs.items(),
-                                                                                           key=lambda x: x[0][::-1])]
-        with tempfile.TemporaryDirectory() as cache:  # cold: the tables come from this code's traces
-            print("reproduce.py: $ python " + " ".join(command + ["--out", out]), file=sys.stderr, flush=True)
-            start = time.perf_counter()
-            if subprocess.run([sys.executable, *command, "--out", out, "--cache-dir", cache]).returncode != 0:
-                runner.fail("reproduce.py", "the evaluation failed (its message is above)", code=1)
-            evaluation_s = time.perf_counter() - start
+        flags = ["--preset", "tiny", "--limit", "100", "--policy", "base=data/tiny_warmstart", "--out", out]
+        flags += [f"--policy={algo}-s{s}={run.out}/adapter" for (algo, s), run in sorted(runs.items(),
+                                                                                         key=lambda x: x[0][::-1])]
+        evaluation_s = runner.evaluate_cold(flags, "reproduce.py")
     except KeyboardInterrupt:
         print("reproduce.py: interrupted; rerun the same command to continue (finished runs are reused)",
               file=sys.stderr)

@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -195,6 +196,18 @@ def train_all(todo: list[tuple[Run, list[str]]], logs_dir: str, jobs: int, steps
             log.close()
         progress.close()
     return seconds
+
+
+def evaluate_cold(args: list[str], who: str) -> float:
+    """`python evaluate.py ARGS` from the repository root with a fresh, empty --cache-dir (the tables come from this
+    code's traces, not from a cache an earlier version filled); exits 1 if it fails; its wall seconds."""
+    command = [sys.executable, "evaluate.py", *args]
+    print(f"{who}: $ python {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as cache:
+        if subprocess.run([*command, "--cache-dir", cache], cwd=REPO).returncode != 0:
+            fail(who, "the evaluation failed (its message is above)", code=1)
+    return time.perf_counter() - start
 
 
 def sigint_stops() -> None:

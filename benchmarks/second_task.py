@@ -21,10 +21,7 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
-import time
 
 import numpy as np
 
@@ -48,15 +45,6 @@ COLUMNS = [
 ]
 
 
-def _run(cmd: list[str]) -> float:
-    """Run a command from the repository root (its output to this terminal); exit on failure; its wall seconds."""
-    print("+", " ".join(cmd), file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    if subprocess.run(cmd, cwd=REPO).returncode != 0:
-        runner.fail("second_task.py", f"{' '.join(cmd)} failed (its message is above)", code=1)
-    return time.perf_counter() - start
-
-
 def training_runs(seeds: list[int], steps: int | None, runs_dir: str) -> list[runner.Run]:
     """One runner.Run per (algorithm, seed): train.py --preset tiny_parts --algo ALGO --seed S [--steps N]."""
     return [runner.Run(f"{algo}-s{seed}", os.path.join(runs_dir, f"{algo}-s{seed}"),
@@ -68,13 +56,12 @@ def evaluate(seeds: list[int], runs_dir: str, limit: int) -> dict:
     """One evaluate.py call over the warm start and every run, from an empty cache (a cache kept from an earlier
     version of the code once gave a table this code does not reproduce); returns its result JSON."""
     out = os.path.join(runs_dir, "eval", "results.json")
-    cmd = ["nice", "-n", "5", sys.executable, "evaluate.py", "--preset", "tiny_parts", "--limit", str(limit),
-           "--method", "all", "--rsa-populations", "4",  # P=8 would triple the CPU time of the evaluation
-           "--out", out, "--policy", "base=data/tiny_parts_warmstart"]
-    cmd += [f"--policy={algo}-s{seed}={os.path.join(runs_dir, f'{algo}-s{seed}', 'adapter')}" for algo in ALGOS
-            for seed in seeds]
-    with tempfile.TemporaryDirectory() as cache:
-        _run([*cmd, "--cache-dir", cache])
+    args = ["--preset", "tiny_parts", "--limit", str(limit), "--method", "all",
+            "--rsa-populations", "4",  # P=8 would triple the CPU time of the evaluation
+            "--out", out, "--policy", "base=data/tiny_parts_warmstart"]
+    args += [f"--policy={algo}-s{seed}={os.path.join(runs_dir, f'{algo}-s{seed}', 'adapter')}" for algo in ALGOS
+             for seed in seeds]
+    runner.evaluate_cold(args, "second_task.py")
     with open(os.path.join(REPO, out)) as f:
         return json.load(f)
 

@@ -203,7 +203,7 @@ def test_reproduce_rewrites_the_readme_only_when_told(tmp_path, checkout_copy, m
         open(out, "w").write(json.dumps({"policies": policies}))
         return type("Done", (), {"returncode": 0})()
 
-    monkeypatch.setattr(reproduce.subprocess, "run", fake_evaluate)
+    monkeypatch.setattr(runner.subprocess, "run", fake_evaluate)
     monkeypatch.setattr(runner.subprocess, "Popen", lambda *a, **k: pytest.fail("trained a finished run"))
     before = _snapshot(checkout_copy)
     assert reproduce.main(["--seeds", "0,1", "--runs-dir", str(runs)]) == 0
