@@ -40,12 +40,16 @@ class SpiralAgentLoop(AgentLoopBase):
         self.seed = spiral.get("seed", 0)
         self.response_length = self.rollout_config.response_length
 
-    async def _sample(self, text: str, sampling_params: dict) -> tuple[list[int], object]:
-        """One trace for the user message `text`: (prompt ids, verl's TokenOutput)."""
-        prompt_ids = self._cap_text_prompt_length(rollout.chat_prompt_ids(self.tokenizer, text))
+    def _prompt_ids(self, text: str) -> list[int]:
+        """The prompt of the user message `text`, chat-formatted and capped as verl caps prompts (once per prompt:
+        an aggregation prompt holds n traces, and N2 samples read it)."""
+        return self._cap_text_prompt_length(rollout.chat_prompt_ids(self.tokenizer, text))
+
+    async def _sample(self, prompt_ids: list[int], sampling_params: dict) -> tuple[list[int], object]:
+        """One trace of `prompt_ids`: (the row's own copy of the prompt ids, verl's TokenOutput)."""
         output = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=prompt_ids,
                                                     sampling_params=sampling_params)
-        return prompt_ids, output
+        return list(prompt_ids), output
 
     def _row(self, prompt_ids: list[int], output, spiral_fields: dict) -> AgentLoopOutput:
         ids = list(output.token_ids[: self.response_length])
@@ -61,8 +65,8 @@ class SpiralAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict, **kwargs) -> list[AgentLoopOutput]:
         problem, gold = kwargs["extra_info"]["problem"], kwargs["reward_model"]["ground_truth"]
         # Line 2: the search traces.
-        search = await asyncio.gather(*[self._sample(rollout.search_prompt(problem), sampling_params)
-                                        for _ in range(self.N1)])
+        search_ids = self._prompt_ids(rollout.search_prompt(problem))
+        search = await asyncio.gather(*[self._sample(search_ids, sampling_params) for _ in range(self.N1)])
         rows = [self._row(p, out, spiral_extra_fields(is_search=True, set_size=self.n, trace_index=j))
                 for j, (p, out) in enumerate(search)]
         # Line 5: K sets, from a stream fixed by the seed, the dataset row and the step (reproducible draws).
@@ -70,8 +74,10 @@ class SpiralAgentLoop(AgentLoopBase):
                                      int(kwargs.get("session_id", 0))])
         sets_K_n = sample_sets(self.N1, self.n, self.K, rng=rng)  # (K, n)
         # Line 7: N2 aggregation traces per set, all K N2 requests at once.
-        texts = [rollout.aggregation_prompt(problem, [self._text(search[j][1]) for j in G_l]) for G_l in sets_K_n]
-        aggregation = await asyncio.gather(*[self._sample(texts[l], sampling_params)
+        search_texts = [self._text(out) for _, out in search]  # decoded once; a trace is in K n / N1 sets on average
+        set_ids = [self._prompt_ids(rollout.aggregation_prompt(problem, [search_texts[j] for j in G_l]))
+                   for G_l in sets_K_n]
+        aggregation = await asyncio.gather(*[self._sample(set_ids[l], sampling_params)
                                              for l in range(self.K) for _ in range(self.N2)])
         # Line 10: r(x, y), in worker threads (the grader blocks).
         rewards = await asyncio.gather(*[asyncio.to_thread(compute_score, kwargs.get("data_source", ""),
