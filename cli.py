@@ -161,11 +161,16 @@ def _check_resume_step(cfg) -> None:
                           f"it to a larger --steps")
 
 
+def check_device(device: str | None) -> None:
+    """--device is None (the script's default), cpu, cuda or cuda:N; else ConfigError."""
+    if device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ConfigError(f"--device {device}: expected cpu, cuda or cuda:N")
+
+
 def _check_device_and_model(cfg) -> None:
     if cfg.device is None and cfg.model != "tiny" and not torch.cuda.is_available():
         raise ConfigError(f"no CUDA GPU found, and {cfg.model} needs one; try --preset tiny (a tiny policy on CPU)")
-    if cfg.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", cfg.device):
-        raise ConfigError(f"--device {cfg.device}: expected cpu, cuda or cuda:N")
+    check_device(cfg.device)
     if cfg.device is not None and cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {cfg.device}: no CUDA GPU found; " + (
             "leave --device out or pass --device cpu" if cfg.preset.startswith("tiny") else "try --preset tiny"))

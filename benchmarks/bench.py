@@ -65,7 +65,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -147,8 +146,7 @@ def check_args(args) -> None:
         cli.check_count(name, getattr(args, name))
     for size in args.chunk_sizes or []:
         cli.check_count("chunk_sizes", size)
-    if args.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
-        raise cli.ConfigError(f"--device {args.device}: expected cpu, cuda or cuda:N")
+    cli.check_device(args.device)
     if args.save_model is not None:
         path = args.save_model
         if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):

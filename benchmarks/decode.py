@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import attention  # noqa: E402
 import bench  # noqa: E402  (benchmarks/, on the path when this file runs)
 import checkpoint  # noqa: E402
+import cli  # noqa: E402
 import fastgen  # noqa: E402
 import rollout  # noqa: E402
 from bench_kit import GB, kv_bytes_per_token  # noqa: E402
@@ -362,8 +363,8 @@ def recorded(results: dict, key: str, measure, save) -> None:
     save()
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.OneLineParser(prog="decode.py", description=__doc__.split("\n")[0])
     p.add_argument("--bytes", action="store_true", help="KV bytes per step and prefill memory, counted at the 4B "
                    "shape on the meta device")
     p.add_argument("--gpu", action="store_true", help="CUDA checks and the rows (needs CUDA unless --device cpu)")
@@ -378,30 +379,55 @@ def main(argv=None) -> int:
     p.add_argument("--mfu", action="store_true", help="--gpu: also bench.py's row 1, without and with cuDNN "
                    "attention in the learner")
     p.add_argument("--json", help="write the results to this new file")
-    args = p.parse_args(argv)
+    return p
+
+
+def check_args(args) -> list[int]:
+    """Every flag, before any model is built: cli.ConfigError (one line, exit 2) on bad input. Returns --new-tokens
+    as a list."""
     if not (args.bytes or args.gpu):
-        p.error("choose --bytes and/or --gpu")
+        raise cli.ConfigError("choose --bytes and/or --gpu")
     if args.json is not None:
         why = ("it exists (results are never overwritten)" if os.path.lexists(args.json)
                else checkpoint.out_path_problem(args.json))
         if why:
-            p.error(f"--json {args.json!r}: {why}")
-    if args.gpu and args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error("--gpu needs a CUDA device (or --size toy --device cpu)")
-    if args.gpu and not args.device.startswith("cuda") and args.size != "toy":
-        p.error("--device cpu runs --size toy only")
+            raise cli.ConfigError(f"--json {args.json!r}: {why}")
     try:
         new_tokens = [int(n) for n in args.new_tokens.split(",")]
     except ValueError:
-        p.error(f"--new-tokens {args.new_tokens!r}: expected integers separated by commas")
+        raise cli.ConfigError(f"--new-tokens {args.new_tokens!r}: expected integers separated by commas")
+    for n in new_tokens:
+        cli.check_count("new_tokens", n, cli.MAX_NEW_TOKENS)
+    if args.hf_baseline:  # 0: no HF row
+        cli.check_count("hf_baseline", args.hf_baseline, cli.MAX_NEW_TOKENS)
+    unknown = [s for s in args.shapes.split(",") if s not in ("search", "aggregation")]
+    if unknown:
+        raise cli.ConfigError(f"--shapes {','.join(unknown)}: choose from search,aggregation")
+    cli.check_device(args.device)
+    if args.gpu and args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise cli.ConfigError("--gpu needs a CUDA device (or --size toy --device cpu)")
+    if args.gpu and not args.device.startswith("cuda") and args.size != "toy":
+        raise cli.ConfigError("--device cpu runs --size toy only")
+    return new_tokens
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        new_tokens = check_args(args)
+    except cli.ConfigError as exc:
+        print(f"decode.py: error: {exc}", file=sys.stderr)
+        return 2
     results = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "argv": sys.argv[1:] if argv is None
                else argv}
 
     def save():
         if args.json:
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(args.json, "w") as f:
+            tmp = f"{args.json}.tmp-{os.getpid()}"  # then a rename: a kill in mid-write leaves the last whole file
+            with open(tmp, "w") as f:
                 json.dump(results, f, indent=1)
+            os.replace(tmp, args.json)
 
     if args.bytes:
         with torch.device("meta"):

@@ -19,7 +19,6 @@ math-verify must be importable (benchmarks/README.md: carry its wheels to a mach
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -29,6 +28,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # checkpoint and cli, imported where needed (torch: seconds)
+    sys.path.insert(0, ROOT)
 STEP_LIMIT_S = 590
 STEPS = ("bytes", "decode", "spiral", "hf", "train")
 
@@ -78,20 +79,34 @@ def run_step(step: str, out: str, toy: bool, model_dir: str) -> dict:
     record["seconds"] = round(time.perf_counter() - t0, 1)
     with open(log_path) as f:
         record["result_lines"] = [line.rstrip() for line in f if line.startswith("[")]
-    result_path = os.path.join(out, f"{step}.json")
-    if step == "train":
-        result_path = os.path.join(out, "train-run", "metrics.jsonl")
-    if os.path.exists(result_path):
-        with open(result_path) as f:
-            text = f.read()
-        record["result"] = json.loads(text) if step != "train" else [json.loads(x) for x in text.splitlines()]
-        if step == "train":
-            record["result_lines"] += [
-                f"[train] step {r['step']}: search {r['time/search_s']:.1f} s, aggregation {r['time/aggregation_s']:.1f}"
-                f" s, learner {r['time/train_s']:.1f} s; {r['tokens_generated']:,} tokens generated"
-                for r in record["result"]]
+    read_result(step, out, record)
     print(f"on_gpu.py: [{step}] exit {record['rc']} in {record['seconds']} s", flush=True)
     return record
+
+
+def read_result(step: str, out: str, record: dict) -> None:
+    """record["result"] = the step's JSON (train: the rows of train-run/metrics.jsonl). A file the time limit cut off
+    in mid-write is an error of this step (record["error"]), not of the whole run: the next step still runs."""
+    import checkpoint
+
+    path = os.path.join(out, "train-run", "metrics.jsonl") if step == "train" else os.path.join(out, f"{step}.json")
+    if not os.path.exists(path):
+        return
+    try:
+        if step == "train":
+            record["result"] = checkpoint.read_metrics(path)  # drops a torn last line
+        else:
+            with open(path) as f:
+                record["result"] = json.load(f)
+    except (ValueError, checkpoint.CheckpointError) as e:
+        record["error"] = f"{os.path.relpath(path, out)} unreadable: {str(e)[:300]}"
+        record["result_lines"].append(f"[{step}] {record['error']}")
+        return
+    if step == "train":
+        record["result_lines"] += [
+            f"[train] step {r['step']}: search {r['time/search_s']:.1f} s, aggregation {r['time/aggregation_s']:.1f}"
+            f" s, learner {r['time/train_s']:.1f} s; {r['tokens_generated']:,} tokens generated"
+            for r in record["result"]]
 
 
 def commit() -> str:
@@ -115,26 +130,30 @@ def write_markdown(path: str, summary: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    import checkpoint
+    import cli
+    import torch
+
+    p = cli.OneLineParser(prog="on_gpu.py", description=__doc__.split("\n")[0])
     p.add_argument("out", help="a new or empty directory for the results")
     p.add_argument("steps", nargs="*", help=f"steps to run, in order (default: {' '.join(STEPS)})")
     p.add_argument("--toy", action="store_true", help="every step at toy size on a CPU (what the tests run)")
-    args = p.parse_args(argv)
-    unknown = [s for s in args.steps if s not in STEPS]
-    if unknown:
-        p.error(f"unknown step(s) {', '.join(unknown)}: choose from {', '.join(STEPS)}")
-    if os.path.lexists(args.out) and (not os.path.isdir(args.out) or os.path.islink(args.out) or os.listdir(args.out)):
-        p.error(f"{args.out} exists and is not an empty directory (results are never overwritten)")
-    sys.path.insert(0, ROOT)
-    import checkpoint
-
-    why = checkpoint.out_path_problem(args.out)
-    if why:
-        p.error(f"{args.out!r}: {why}")
-    import torch
-
-    if not args.toy and not torch.cuda.is_available():
-        p.error("no CUDA device (--toy runs every step at toy size on a CPU)")
+    try:
+        args = p.parse_args(argv)
+        unknown = [s for s in args.steps if s not in STEPS]
+        if unknown:
+            raise cli.ConfigError(f"unknown step(s) {', '.join(unknown)}: choose from {', '.join(STEPS)}")
+        if os.path.lexists(args.out) and (not os.path.isdir(args.out) or os.path.islink(args.out)
+                                          or os.listdir(args.out)):
+            raise cli.ConfigError(f"{args.out} exists and is not an empty directory (results are never overwritten)")
+        why = checkpoint.out_path_problem(args.out)
+        if why:
+            raise cli.ConfigError(f"{args.out!r}: {why}")
+        if not args.toy and not torch.cuda.is_available():
+            raise cli.ConfigError("no CUDA device (--toy runs every step at toy size on a CPU)")
+    except cli.ConfigError as exc:
+        print(f"on_gpu.py: error: {exc}", file=sys.stderr)
+        return 2
     os.makedirs(args.out, exist_ok=True)
     out = os.path.abspath(args.out)
     summary = {"device": torch.cuda.get_device_name() if not args.toy else "cpu (toy)",
@@ -147,7 +166,7 @@ def main(argv=None) -> int:
             with open(os.path.join(out, "gpu.json"), "w") as f:
                 json.dump(summary, f, indent=1)
             write_markdown(os.path.join(out, "gpu.md"), summary)
-    failed = [s for s, r in summary["steps"].items() if r["rc"] != 0]
+    failed = [s for s, r in summary["steps"].items() if r["rc"] != 0 or "error" in r]
     print(f"on_gpu.py: wrote {os.path.join(args.out, 'gpu.json')} and gpu.md"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

@@ -3,6 +3,7 @@ the 4B shape (meta device) against the byte model and the goal (1.0x the unique 
 the prefill's peak memory for 5 x 17.6k-token prompts; on_gpu.py's refusals; and (slow) every step of on_gpu.py
 end to end at toy size on a CPU, writing its JSON and markdown."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +12,16 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(name):
+    """benchmarks/NAME.py as a module (decode.py's `import bench` needs benchmarks/ on the path, as when it runs)."""
+    if os.path.join(ROOT, "benchmarks") not in sys.path:
+        sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run(*args, timeout=600):
@@ -50,8 +61,46 @@ def test_decode_refuses_bad_arguments_before_any_work(tmp_path):
                           ([], "choose --bytes")):
         proc = run("benchmarks/decode.py", *(["--bytes"] if "--gpu" not in args and args else []), *args)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert proc.stderr.startswith("decode.py: error: ") and proc.stderr.count("\n") == 1, proc.stderr
         assert "[bytes" not in proc.stdout
     assert (tmp_path / "mine.json").read_text() == "a user's file"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--new-tokens", "0"], "--new-tokens must be a positive integer, got 0"),
+    (["--new-tokens", "8,-1"], "--new-tokens must be a positive integer, got -1"),
+    (["--hf-baseline", "-3"], "--hf-baseline must be a positive integer, got -3"),
+    (["--hf-baseline", "x"], "invalid int value"),
+    (["--device", "foo"], "--device foo: expected cpu, cuda or cuda:N"),
+    (["--shapes", "search,bogus"], "--shapes bogus: choose from search,aggregation"),
+])
+def test_decode_refuses_bad_counts_devices_and_shapes_before_building_a_model(args, message, monkeypatch, capsys):
+    """Each used to build the toy model first, then raise a traceback (or, --shapes, measure nothing and exit 0)."""
+    decode = load("decode")
+    monkeypatch.setattr(decode.bench, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
+    assert decode.main(["--gpu", "--size", "toy", "--device", "cpu", "--skip-checks", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("decode.py: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_on_gpu_records_a_cut_off_result_file_and_goes_on(tmp_path, monkeypatch):
+    """A step killed at its time limit in mid-write leaves a cut-off JSON (or metrics.jsonl line): that step gets an
+    error, whole metrics rows are kept, and run_step returns instead of raising (the next steps still run)."""
+    on_gpu = load("on_gpu")
+    row = {"step": 1, "time/search_s": 1.0, "time/aggregation_s": 2.0, "time/train_s": 3.0, "tokens_generated": 10}
+    (tmp_path / "train-run").mkdir()
+    torn = {"decode": (tmp_path / "decode.json", '{"rows": {"search_8": {"tokens_per'),
+            "train": (tmp_path / "train-run" / "metrics.jsonl", json.dumps(row) + '\n{"step": 2, "time/se')}
+    monkeypatch.setattr(on_gpu, "step_commands", lambda step, *a: [[sys.executable, "-c", "print('[x] measured')"]])
+    for step, (path, text) in torn.items():
+        path.write_text(text)
+        record = on_gpu.run_step(step, str(tmp_path), True, str(tmp_path / "model"))
+        assert record["rc"] == 0 and "[x] measured" in record["result_lines"], record
+        if step == "decode":
+            assert "result" not in record and "decode.json unreadable" in record["error"], record
+        else:
+            assert record["result"] == [row] and "error" not in record, record
+            assert any(line.startswith("[train] step 1: search 1.0 s") for line in record["result_lines"])
 
 
 def test_on_gpu_refuses_bad_arguments_before_any_work(tmp_path):
@@ -61,6 +110,7 @@ def test_on_gpu_refuses_bad_arguments_before_any_work(tmp_path):
                           (["new2"], "no CUDA device"), (["/proc/x", "--toy"], "not writable")):
         proc = run("benchmarks/on_gpu.py", *[str(tmp_path / a) if i == 0 else a for i, a in enumerate(args)])
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith("on_gpu.py: error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert (tmp_path / "full" / "keep.txt").read_text() == "a user's file"
     assert not (tmp_path / "new").exists() and not (tmp_path / "new2").exists()
 
