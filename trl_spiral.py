@@ -172,9 +172,9 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
             gathered = contextlib.nullcontext(self.accelerator.unwrap_model(self.model))
         else:  # as TRL's own generation: ZeRO-3's parameters gathered (hooks off) for the rollout, so each process
             # generates alone. (FSDP would gather per forward, a collective: parse_args refuses it without vLLM.)
-            gathered = unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                                   gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                                                   gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
+            gathered = unwrap_model_for_generation(
+                self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
         with gathered as unwrapped, torch.no_grad(), backend:
             model = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # LoRA inside
             rollouts = spiral.collect_spiral(
@@ -269,7 +269,7 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         adv_BT = adv_B[:, None].expand_as(logps_BT)  # (B, T): every token carries its trace's A
         loss, ratio_N = train.importance_sampling_loss(logps_BT[mask_BT], sampler_BT[mask_BT], adv_BT[mask_BT],
                                                        float(inputs["normalizer"]))
-        entropy_N = entropy_BT[mask_BT].detach()  # (N,)
+        entropy_N = entropy_BT[mask_BT].detach().float()  # (N,), float32: bf16 could not count past 256 exactly
         # TRL's column: mean over the trained tokens of all processes, as one all-reduce of [sum, count] (float32)
         totals = self.accelerator.reduce(torch.stack([entropy_N.sum(), entropy_N.new_tensor(entropy_N.numel())]),
                                          reduction="sum")  # (2,); one process: a copy
