@@ -223,10 +223,10 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         when asked for (--log_completions)."""
         from accelerate.utils import gather_object
 
-        lengths = gather_object([len(s.completion_ids) for s in samples])
-        prompt_tokens = gather_object([len(s.prompt_ids) for s in samples])
-        truncated = gather_object([s.completion_ids[-1] not in eos_ids for s in samples])  # no EOS: cut at L
-        rewards = gather_object([s.reward for s in samples if s.reward is not None])
+        rows = gather_object([(len(s.completion_ids), len(s.prompt_ids), s.completion_ids[-1] not in eos_ids, s.reward)
+                              for s in samples])  # one collective; per row: length, prompt tokens, no EOS (cut at L)
+        lengths, prompt_tokens, truncated = ([row[i] for row in rows] for i in range(3))
+        rewards = [row[3] for row in rows if row[3] is not None]
         self.state.num_input_tokens_seen += sum(lengths) + sum(prompt_tokens)
         metrics = self._metrics["train"]
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
