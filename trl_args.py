@@ -86,10 +86,16 @@ DERIVED = ("num_generations", "per_device_train_batch_size", "steps_per_generati
 
 def derived_settings(cfg: train.TrainConfig, gradient_accumulation_steps: int) -> dict:
     """TRL settings that follow from SPIRAL's: num_generations = N1 + K N2 (each problem's rows are one TRL group),
-    |B| (N1 + K N2) rows per process and optimizer step, generated once per step, bf16 as --dtype says."""
+    |B| (N1 + K N2) rows per process and optimizer step (--gradient_accumulation_steps must divide them: ConfigError),
+    generated once per step, bf16 as --dtype says."""
     G = cfg.num_search + cfg.num_sets * cfg.num_aggregations  # rows per problem: 24 in the paper
+    rows = cfg.batch_problems * G  # per process and optimizer step
+    cli.need(gradient_accumulation_steps >= 1, "gradient_accumulation_steps", gradient_accumulation_steps,
+             "a positive integer")
+    cli.need(rows % gradient_accumulation_steps == 0, "gradient_accumulation_steps", gradient_accumulation_steps,
+             f"a divisor of the {rows} rows per step (--batch_problems x (N1 + K N2))")
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return {"num_generations": G, "per_device_train_batch_size": cfg.batch_problems * G // gradient_accumulation_steps,
+    return {"num_generations": G, "per_device_train_batch_size": rows // gradient_accumulation_steps,
             "steps_per_generation": gradient_accumulation_steps,
             "bf16": rollout.resolve_dtype(cfg.dtype, device) == torch.bfloat16}
 
@@ -163,13 +169,7 @@ def parse_args(argv: list[str]):
     explicit |= {name: ns[trl_name] for name, trl_name in TRL_NAMES.items() if name != "save_every"}
     explicit |= {"device": "cpu" if ns["use_cpu"] else None, "resume": ns["resume_from_checkpoint"] is not None}
     cfg = train.resolve_config(explicit)
-    cli.need(ns["gradient_accumulation_steps"] >= 1, "gradient_accumulation_steps", ns["gradient_accumulation_steps"],
-             "a positive integer")
-    rows = cfg.batch_problems * (cfg.num_search + cfg.num_sets * cfg.num_aggregations)
-    cli.need(rows % ns["gradient_accumulation_steps"] == 0, "gradient_accumulation_steps",
-             ns["gradient_accumulation_steps"],
-             f"a divisor of the {rows} rows per step (--batch_problems x (N1 + K N2))")
-    for name, value in derived_settings(cfg, ns["gradient_accumulation_steps"]).items():
+    for name, value in derived_settings(cfg, ns["gradient_accumulation_steps"]).items():  # checks the division too
         if ns[name] is not None and ns[name] != value:
             raise cli.ConfigError(f"--{name} {ns[name]}: SPIRAL derives it as {value} from N1, K, N2, "
                                   "--batch_problems, --gradient_accumulation_steps and --dtype; leave it unset")
