@@ -27,9 +27,9 @@ import problemset  # noqa: E402
 import rollout  # noqa: E402
 import spiral  # noqa: E402
 import train  # noqa: E402
-from bench_kit import (GB, SPECIAL_TOKENS, Meter, attention_flops, build_policy, datasheet_tflops,  # noqa: E402
-                       decoder_matmul_params, kv_bytes_per_token, lora_params, measure_floors, random_words,
-                       train_step_flops, weight_bytes)
+from bench_kit import (GB, SPECIAL_TOKENS, Meter, build_policy, datasheet_tflops, floor_seconds,  # noqa: E402
+                       kv_bytes_per_token, lora_params, measure_floors, prefill_flops, random_words, train_step_flops,
+                       weight_bytes)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -137,8 +137,7 @@ def measure_generate(model, tokenizer, scale: Scale, device: str, floors: dict, 
     kv_read = batch * kv_bytes_per_token(cfg, element) * sum(L + s for s in range(1, steps))
     weights = weight_bytes(model) - (0 if adapter else lora_params(model) * 4)  # fp32 LoRA read only when active
     decode_bytes = (steps - 1) * weights + kv_read
-    prefill_flops = 2 * decoder_matmul_params(cfg) * L * scale.gen_prompts + attention_flops(cfg, L) * scale.gen_prompts
-    floor_s = decode_bytes / (floors["copy_bandwidth_GBps"] * GB) + prefill_flops / (floors["matmul_TFLOPs"] * 1e12)
+    floor_s = floor_seconds(decode_bytes, prefill_flops(cfg, [L] * scale.gen_prompts), floors)
     return {
         "batch": batch, "prompt_tokens": L, "new_tokens": scale.gen_new_tokens, "decode_steps": steps,
         "tokens_generated": sum(len(c.completion_ids) for c in completions),

@@ -174,6 +174,12 @@ def measure_floors(device: str, dtype: torch.dtype, size: str) -> dict:
             "matmul_dtype": str(dtype).replace("torch.", "")}
 
 
+def floor_seconds(bytes_read: float, flops: float, floors: dict) -> float:
+    """The time no call can beat on this device: its bytes at the copy bandwidth plus its FLOPs at the matmul rate
+    (`floors` as measure_floors returns them)."""
+    return bytes_read / (floors["copy_bandwidth_GBps"] * GB) + flops / (floors["matmul_TFLOPs"] * 1e12)
+
+
 # Datasheet dense bf16 rates, for reference next to the measured ones (not used for the goals).
 DATASHEET_BF16_TFLOPS = {"H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H200": 989.4}
 
@@ -200,6 +206,12 @@ def lora_params(model) -> int:
 def attention_flops(cfg, T: int) -> int:
     """A(T): forward QK^T and PV of causal attention over one sequence of T tokens, all layers."""
     return cfg.num_hidden_layers * 4 * cfg.num_attention_heads * cfg.head_dim * T * (T + 1) // 2
+
+
+def prefill_flops(cfg, prompt_lengths: list[int]) -> int:
+    """The prefill of one prompt per length L: 2 N L through the decoder's linears plus A(L) of causal attention."""
+    N = decoder_matmul_params(cfg)
+    return sum(2 * N * L + attention_flops(cfg, L) for L in prompt_lengths)
 
 
 def train_step_flops(cfg, T: int, completion_tokens: int, n_lora: int) -> dict:

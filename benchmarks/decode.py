@@ -40,7 +40,7 @@ import checkpoint  # noqa: E402
 import cli  # noqa: E402
 import fastgen  # noqa: E402
 import rollout  # noqa: E402
-from bench_kit import GB, kv_bytes_per_token  # noqa: E402
+from bench_kit import GB, floor_seconds, kv_bytes_per_token, prefill_flops  # noqa: E402
 SEARCH_SHAPE = dict(prompts=8, copies=8, prompt_tokens=1054)  # 8 problems x N1 = 8, ~1k-token search prompts
 AGGREGATION_SHAPE = dict(prompts=4, copies=4, prompt_tokens=17_596)  # 4 sets x N2 = 4, the paper's 17.6k tokens
 TOY_SHAPES = {"search": dict(prompts=2, copies=4, prompt_tokens=60),  # --size toy: the same code paths on a CPU
@@ -52,15 +52,15 @@ def fastgen_slots(shape, s: int) -> int:
     return shape.P * shape.n_chunks * shape.chunk + shape.B * fastgen._round_up(s, fastgen.SUFFIX_BUCKET)
 
 
-def byte_model(prompt_lengths: list[int], copies: int, max_new_tokens: int, kv: int) -> dict:
-    """Per-step KV bytes averaged over a call's decode steps: unique, per-row, fastgen's and the old fastgen's."""
-    shape = fastgen.CallShape.of(prompt_lengths, copies, max_new_tokens)
+def byte_model(prompt_lengths: list[int], shape, max_new_tokens: int, kv: int) -> dict:
+    """Per-step KV bytes averaged over the decode steps of a call of `shape` (fastgen.CallShape.of(prompt_lengths,
+    copies, max_new_tokens)): unique, per-row, fastgen's and the old fastgen's."""
     steps = range(1, max_new_tokens)
     B, old_slots = shape.B, fastgen._round_up(max(prompt_lengths) + max_new_tokens, 64)
     mean = lambda f: kv * float(np.mean([f(s) for s in steps]))  # noqa: E731
     unique = mean(lambda s: sum(prompt_lengths) + B * s)
     return {"unique_GB": unique / GB,
-            "per_row_GB": mean(lambda s: copies * sum(prompt_lengths) + B * s) / GB,
+            "per_row_GB": mean(lambda s: shape.copies * sum(prompt_lengths) + B * s) / GB,
             "fastgen_GB": mean(lambda s: fastgen_slots(shape, s)) / GB,
             "old_fastgen_GB": kv * B * old_slots / GB}
 
@@ -81,14 +81,19 @@ def count_attention_bytes(totals: list):
         fastgen.attend = real
 
 
-def counted_step_bytes(model, prompt_lengths: list[int], copies: int, max_new_tokens: int, steps: list[int]) -> list:
-    """KV bytes that fastgen.decode_one_token hands to attention at each of `steps` (1-based decode steps), from a
-    real step of `model` (which may live on the meta device: then only shapes are computed)."""
-    engine = fastgen.Engine(model)
+def started_call(engine, model, prompt_lengths: list[int], shape) -> tuple:
+    """(weights, [cache, state, graphs]): `engine`'s call of `shape` for prompts of these lengths, set up as
+    fastgen.sample_micro_batch sets one up (adapter "default", EOS ids [1, 2], temperature 1), its state started."""
     w = engine.weights(model)
-    shape = fastgen.CallShape.of(prompt_lengths, copies, max_new_tokens)
-    cache, state, _ = engine.call(w, shape, eos_count=2, adapters=("default",))
-    state.start(shape, prompt_lengths, 1.0, [1, 2], w.kv_heads)
+    call = engine.call(w, shape, 2, ("default",))
+    call[1].start(shape, prompt_lengths, 1.0, [1, 2], w.kv_heads)
+    return w, call
+
+
+def counted_step_bytes(model, prompt_lengths: list[int], shape, steps: list[int]) -> list:
+    """KV bytes that fastgen.decode_one_token hands to attention at each of `steps` (1-based decode steps) of a
+    call of `shape`, from a real step of `model` (which may live on the meta device: then only shapes are computed)."""
+    w, (cache, state, _) = started_call(fastgen.Engine(model), model, prompt_lengths, shape)
     totals: list[float] = []
     with torch.no_grad(), count_attention_bytes(totals):
         for s in steps:
@@ -103,10 +108,10 @@ def byte_table(model, kv: int, cases: dict, max_new_tokens: int) -> dict:
     table = {}
     for name, c in cases.items():
         lengths = [c["prompt_tokens"]] * c["prompts"]
-        row = byte_model(lengths, c["copies"], max_new_tokens, kv)
-        probe = [1, max_new_tokens // 2, max_new_tokens - 1]
-        counted = counted_step_bytes(model, lengths, c["copies"], max_new_tokens, probe)
         shape = fastgen.CallShape.of(lengths, c["copies"], max_new_tokens)
+        row = byte_model(lengths, shape, max_new_tokens, kv)
+        probe = [1, max_new_tokens // 2, max_new_tokens - 1]
+        counted = counted_step_bytes(model, lengths, shape, probe)
         modelled = [kv * fastgen_slots(shape, s) for s in probe]
         row["counted_GB_at_steps"] = {s: b / GB for s, b in zip(probe, counted)}
         row["counted_equals_model"] = all(abs(a - b) < 1 for a, b in zip(counted, modelled))
@@ -202,55 +207,52 @@ def timed_fast_call(model, tokenizer, prompts: list[str], copies: int, new_token
             "prompt_tokens": [len(row[0].prompt_ids) for row in out]}
 
 
-def gpu_rows(model, tokenizer, floors: dict, new_tokens_list: list[int], shapes: dict) -> dict:
-    """Each call shape at each length: a first call (graphs captured) and a second, warm one; tokens/s and the
+def gpu_row(model, tokenizer, floors: dict, key: str, prompts: list[str], c: dict, n: int) -> dict:
+    """Row `key`, call shape c at n new tokens: a first call (graphs captured) and a second, warm one; tokens/s and the
     fraction of the unique and per-row floors reached by the warm call (capture time excluded)."""
+    first = timed_fast_call(model, tokenizer, prompts, c["copies"], n)
+    if n <= 1024:  # a second call of the same shape: its graphs are already captured
+        warm = timed_fast_call(model, tokenizer, prompts, c["copies"], n)
+    else:  # long calls once (device time): the first call's time less its graph captures
+        warm = dict(first, seconds=first["seconds"] - first["capture_seconds"])
+    cfg = model.config
+    kv, weights = kv_bytes_per_token(cfg, 2), bench.weight_bytes(model)
+    lengths, B = warm["prompt_tokens"], c["prompts"] * c["copies"]
+    decode_steps = warm["steps"] - 1
+    unique = sum(weights + kv * (sum(lengths) + B * s) for s in range(1, warm["steps"]))
+    per_row = sum(weights + kv * (c["copies"] * sum(lengths) + B * s) for s in range(1, warm["steps"]))
+    flops = prefill_flops(cfg, lengths)
+    r = {
+        "prompts": c["prompts"], "copies": c["copies"], "prompt_tokens": max(lengths), "new_tokens": n,
+        "decode_steps": decode_steps,
+        "first_call_s": first["seconds"], "captures": first["captures"],
+        "capture_s": first["capture_seconds"], "warm_call_s": warm["seconds"],
+        "tokens_per_s": B * warm["steps"] / warm["seconds"],
+        "ms_per_decode_step": 1000 * warm["seconds"] / max(1, decode_steps),
+        "fraction_of_unique_floor": floor_seconds(unique, flops, floors) / warm["seconds"],
+        "fraction_of_per_row_floor": floor_seconds(per_row, flops, floors) / warm["seconds"],
+        "peak_memory_GB": warm["peak_memory_GB"],
+    }
+    print(f"[{key}] B={B} L={max(lengths)} new={n}: warm {r['warm_call_s']:.1f} s "
+          f"({r['tokens_per_s']:.0f} tok/s, {r['ms_per_decode_step']:.2f} ms/step), "
+          f"{100 * r['fraction_of_unique_floor']:.1f}% of unique floor, "
+          f"{100 * r['fraction_of_per_row_floor']:.1f}% of per-row floor; first call {r['first_call_s']:.1f} s "
+          f"({r['captures']} graphs, {r['capture_s']:.1f} s); peak {r['peak_memory_GB'] or 0:.1f} GB", flush=True)
+    return r
+
+
+def gpu_rows(model, tokenizer, floors: dict, new_tokens_list: list[int], shapes: dict) -> dict:
+    """gpu_row for each call shape at each length, keyed "{shape}_{new tokens}"; a row that raises (an
+    out-of-memory is a result too) gets its error, and the other rows are still measured."""
     rng = np.random.default_rng(5)
-    cfg, V = model.config, model.config.vocab_size
-    kv = kv_bytes_per_token(cfg, 2)
-    weights = bench.weight_bytes(model)
+    V = model.config.vocab_size
     results = {}
     for name, c in shapes.items():
         words = c["prompt_tokens"] - 40  # the chat template and the search prompt's instruction add ~40 tokens
         prompts = [rollout.search_prompt(bench.random_words(words, V, rng)) for _ in range(c["prompts"])]
         for n in new_tokens_list:
             key = f"{name}_{n}"
-            try:
-                first = timed_fast_call(model, tokenizer, prompts, c["copies"], n)
-                if n <= 1024:  # a second call of the same shape: its graphs are already captured
-                    warm = timed_fast_call(model, tokenizer, prompts, c["copies"], n)
-                else:  # long calls once (device time): the first call's time less its graph captures
-                    warm = dict(first, seconds=first["seconds"] - first["capture_seconds"])
-            except Exception as e:  # an out-of-memory is a result too; keep measuring the other rows
-                import traceback
-
-                traceback.print_exc()
-                results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                fastgen.release()
-                continue
-            lengths, B = warm["prompt_tokens"], c["prompts"] * c["copies"]
-            decode_steps = warm["steps"] - 1
-            unique = sum(weights + kv * (sum(lengths) + B * s) for s in range(1, warm["steps"]))
-            per_row = sum(weights + kv * (c["copies"] * sum(lengths) + B * s) for s in range(1, warm["steps"]))
-            prefill_flops = sum(2 * bench.decoder_matmul_params(cfg) * L + bench.attention_flops(cfg, L)
-                                for L in lengths)
-            floor = lambda b: b / (floors["copy_bandwidth_GBps"] * GB) + prefill_flops / (floors["matmul_TFLOPs"] * 1e12)  # noqa: E731
-            results[key] = {
-                "prompts": c["prompts"], "copies": c["copies"], "prompt_tokens": max(lengths), "new_tokens": n,
-                "decode_steps": decode_steps,
-                "first_call_s": first["seconds"], "captures": first["captures"],
-                "capture_s": first["capture_seconds"], "warm_call_s": warm["seconds"],
-                "tokens_per_s": B * warm["steps"] / warm["seconds"],
-                "ms_per_decode_step": 1000 * warm["seconds"] / max(1, decode_steps),
-                "fraction_of_unique_floor": floor(unique) / warm["seconds"],
-                "fraction_of_per_row_floor": floor(per_row) / warm["seconds"],
-                "peak_memory_GB": warm["peak_memory_GB"],
-            }
-            r = results[key]
-            print(f"[{key}] B={B} L={max(lengths)} new={n}: warm {r['warm_call_s']:.1f} s ({r['tokens_per_s']:.0f} tok/s,"
-                  f" {r['ms_per_decode_step']:.2f} ms/step), {100 * r['fraction_of_unique_floor']:.1f}% of unique floor, "
-                  f"{100 * r['fraction_of_per_row_floor']:.1f}% of per-row floor; first call {r['first_call_s']:.1f} s "
-                  f"({r['captures']} graphs, {r['capture_s']:.1f} s); peak {r['peak_memory_GB'] or 0:.1f} GB", flush=True)
+            recorded(results, key, lambda: gpu_row(model, tokenizer, floors, key, prompts, c, n))
     return results
 
 
@@ -266,11 +268,9 @@ def profile_step(model, tokenizer, c: dict, max_new_tokens: int) -> dict:
                                                                                        rng)))
            for _ in range(c["prompts"])]
     engine = fastgen.engine_for(model)
-    w = engine.weights(model)
     shape = fastgen.CallShape.of([len(i) for i in ids], c["copies"], max_new_tokens)
-    call = engine.call(w, shape, 2, ("default",))
+    w, call = started_call(engine, model, [len(i) for i in ids], shape)
     s = call[1]
-    s.start(shape, [len(i) for i in ids], 1.0, [1, 2], w.kv_heads)
     result = {}
     activity, sort = (ProfilerActivity.CUDA, "cuda_time_total") if cuda else (ProfilerActivity.CPU, "cpu_time_total")
     with torch.no_grad():
@@ -333,11 +333,9 @@ def flash_like_sdpa(q, k, v, **kwargs):
 def prefill_peak(model, prompt_tokens: int, prompts: int) -> dict:
     """Peak bytes that fastgen.prefill allocates beyond the weights and the KV arena, for `prompts` prompts of
     `prompt_tokens` tokens (counted by LiveBytes; flash attention's allocation for the attention itself)."""
-    engine = fastgen.Engine(model)
-    w = engine.weights(model)
-    ids = [[5] * prompt_tokens for _ in range(prompts)]
+    engine, ids = fastgen.Engine(model), [[5] * prompt_tokens for _ in range(prompts)]
     shape = fastgen.CallShape.of([prompt_tokens] * prompts, 4, 16)
-    cache, _, _ = engine.call(w, shape, 2, ("default",))
+    w, (cache, _, _) = started_call(engine, model, [prompt_tokens] * prompts, shape)
     real, counter = fastgen.F.scaled_dot_product_attention, LiveBytes()
     fastgen.F.scaled_dot_product_attention = flash_like_sdpa
     try:
@@ -350,8 +348,9 @@ def prefill_peak(model, prompt_tokens: int, prompts: int) -> dict:
             "group_size": max(1, fastgen.PREFILL_TOKENS // (shape.n_chunks * shape.chunk))}
 
 
-def recorded(results: dict, key: str, measure, save) -> None:
-    """results[key] = measure(), or the error it raised (an out-of-memory is a result too); saved either way."""
+def recorded(results: dict, key: str, measure, save=None) -> None:
+    """results[key] = measure(), or the error it raised (an out-of-memory is a result too); then save(), if given,
+    either way."""
     try:
         results[key] = measure()
     except Exception as e:  # noqa: BLE001
@@ -360,7 +359,8 @@ def recorded(results: dict, key: str, measure, save) -> None:
         traceback.print_exc()
         results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         fastgen.release()
-    save()
+    if save:
+        save()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -430,8 +430,7 @@ def main(argv=None) -> int:
             os.replace(tmp, args.json)
 
     if args.bytes:
-        with torch.device("meta"):
-            model, _ = bench.build_policy("4b", "meta", torch.bfloat16)
+        model, _ = bench.build_policy("4b", "meta", torch.bfloat16)  # initialised on the meta device: shapes only
         table = byte_table(model, kv_bytes_per_token(model.config, 2),
                            {"search": SEARCH_SHAPE, "aggregation": AGGREGATION_SHAPE}, 4096)
         results["bytes_4b_4096"] = table
