@@ -312,7 +312,8 @@ def summarize(records: list[dict], cfg) -> dict:
 
     if "passk" in cfg.methods:
         L = cfg.max_new_tokens
-        summary["passk"] = {"k": cfg.k_list, "pass_at_k": [mean(r["pass_at_k"][k] for r in records) for k in cfg.k_list],
+        summary["passk"] = {"k": cfg.k_list,
+                            "pass_at_k": [mean(r["pass_at_k"][k] for r in records) for k in cfg.k_list],
                             "tokens": [k * per_trace(L) for k in cfg.k_list], "budget": [k * L for k in cfg.k_list],
                             "max_new_tokens": L}
     if "majority" in cfg.methods:
@@ -359,7 +360,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--adapter", help="shorthand for --policy adapter=PATH")
     p.add_argument("--model", help=f"base model of the adapters: Hub id, local directory, or 'tiny' (paper: "
                                    f"{rollout.DEFAULT_MODEL}); default: each adapter's own base")
-    p.add_argument("--dtype", choices=["auto", *rollout.DTYPES], default="auto", help="auto: bf16 on a GPU, fp32 on a CPU")
+    p.add_argument("--dtype", choices=["auto", *rollout.DTYPES], default="auto",
+                   help="auto: bf16 on a GPU, fp32 on a CPU")
     p.add_argument("--data", help="bundled name (math500, aime2024), a JSONL file, or a Hub dataset id")
     p.add_argument("--limit", type=int, help="evaluate the first N problems only")
     p.add_argument("--method", choices=[*METHODS, "all"], default="all")

@@ -52,7 +52,8 @@ def step_commands(step: str, out: str, toy: bool, model_dir: str) -> list[list[s
         return [[py, b, "--only", "generate,aggregation,spiral", "--engine", "hf", "--max-new-tokens", n_short,
                  "--agg-prompts", "2" if toy else "4", "--skip-grpo", *size, "--json", json_of]]
     if step == "train":
-        save = [py, b, "--save-model", model_dir, "--size", "toy" if toy else "4b"] + (["--device", "cpu"] if toy else [])
+        save = [py, b, "--save-model", model_dir, "--size", "toy" if toy else "4b"]
+        save += ["--device", "cpu"] if toy else []
         run = os.path.join(out, "train-run")
         return [save, [py, "train.py", "--model", model_dir, "--generation", "fast", "--data", "math500", "--steps",
                        "1", "--batch-problems", "1", "--max-draws", "1", "--max-new-tokens", n_long, "--out", run,
@@ -158,7 +159,8 @@ def main(argv=None) -> int:
     out = os.path.abspath(args.out)
     summary = {"device": torch.cuda.get_device_name() if not args.toy else "cpu (toy)",
                "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(),
-               "command": shlex.join([os.path.relpath(sys.argv[0], ROOT)] + (argv if argv is not None else sys.argv[1:])),
+               "command": shlex.join([os.path.relpath(sys.argv[0], ROOT)]
+                                     + (argv if argv is not None else sys.argv[1:])),
                "steps": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for step in args.steps or STEPS:

@@ -70,7 +70,8 @@ def demo_table(rows_of: dict[str, list[list[dict]]]) -> str:
              f"| last 10% of steps ({steps - tenth + 1}-{steps}) |", "|---|---|---|"]
     for label, key, algo in DEMO_ROWS:
         pairs = [first_last(rows, key) for rows in rows_of[algo]]
-        lines.append(f"| {label} | {runner.spread([p[0] for p in pairs], 2)} | {runner.spread([p[1] for p in pairs], 2)} |")
+        first, last = (runner.spread([p[i] for p in pairs], 2) for i in (0, 1))
+        lines.append(f"| {label} | {first} | {last} |")
     return "\n".join(lines)
 
 
@@ -208,9 +209,9 @@ def main(argv=None) -> int:
         f"{time.strftime('%Y-%m-%d')} ({v['device']}; Python {v['python']}, torch {v['torch']}, transformers "
         f"{v['transformers']}, numpy {v['numpy']}, math-verify {v['math-verify']}). 100 steps took "
         f"{span(minutes['spiral'])} min per SPIRAL run and {span(minutes['grpo'])} min per GRPO run (the runs' own "
-        f"step times, loading excluded), the evaluation of {len(result['policies'])} policies {evaluation_s / 60:.1f} min from an empty "
-        f"cache (load average at the end {os.getloadavg()[1]:.1f} on {os.cpu_count()} cores: a busy machine is "
-        "slower).", 116, break_on_hyphens=False)
+        f"step times, loading excluded), the evaluation of {len(result['policies'])} policies "
+        f"{evaluation_s / 60:.1f} min from an empty cache (load average at the end {os.getloadavg()[1]:.1f} on "
+        f"{os.cpu_count()} cores: a busy machine is slower).", 116, break_on_hyphens=False)
     report = os.path.join(args.runs_dir, "report.md")
     with open(report, "w", encoding="utf-8") as f:
         f.write("\n\n".join(f"## {name}\n\n{content}" for name, content in tables.items()) + "\n")

@@ -74,7 +74,8 @@ def table(results: dict, seeds: list[int]) -> tuple[str, dict]:
         cells[algo] = {c: [fn(policies[f"{algo}-s{s}"]["summary"]) for s in seeds] for c, fn in COLUMNS}
     lines = ["| policy | " + " | ".join(c for c, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for name, row in cells.items():
-        label = "warm start" if name == "base" else f"{name.upper() if name == 'grpo' else 'SPIRAL'} ({len(seeds)} seeds)"
+        algo_name = name.upper() if name == "grpo" else "SPIRAL"
+        label = "warm start" if name == "base" else f"{algo_name} ({len(seeds)} seeds)"
         lines.append(f"| {label} | " + " | ".join(runner.spread(row[c], 3) for c, _ in COLUMNS) + " |")
     return "\n".join(lines), cells
 
@@ -179,7 +180,8 @@ def main(argv=None) -> int:
         seeds = sorted({int(s) for s in args.seeds.split(",")})
     except ValueError:
         parser.error(f"--seeds expects comma-separated integers, got {args.seeds!r}")
-    if len(seeds) < 2 or min(seeds) < 0 or (args.steps is not None and args.steps < 1) or args.limit < 1 or args.jobs < 1:
+    if (len(seeds) < 2 or min(seeds) < 0 or (args.steps is not None and args.steps < 1) or args.limit < 1
+            or args.jobs < 1):
         parser.error("need at least 2 non-negative seeds (a spread), and positive --steps, --limit and --jobs")
     os.chdir(REPO)
     writes = r"(grpo|spiral)-s\d+(\.log)?|eval"  # all that it writes in --runs-dir, and OUT.* if it is there

@@ -326,7 +326,8 @@ def test_trainings_started_from_a_background_script_still_stop_on_sigint():
     import subprocess
     import sys
 
-    probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
+    probe = [sys.executable, "-c",
+             "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job has it
     try:
         inherited = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
