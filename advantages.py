@@ -36,12 +36,37 @@ def set_advantages(set_scores):
     return _centre("set_scores", _floats("set_scores", set_scores, 1))  # (K,)
 
 
+def marginal_set_advantages_by_definition(sets, set_advantages, num_traces):
+    """Algorithm 1, line 13, as the paper writes it: A#_marg(x, y_j) = (1/|G(y_j)|) sum_{G in G(y_j)} A#(x, G),
+    where G(y_j) holds the sampled sets that contain y_j; 0 for a trace in no set. The obvious loop, kept as the
+    reference that marginal_set_advantages (the same thing, vectorised) is tested against."""
+    adv_N1 = np.zeros(num_traces)
+    for j in range(num_traces):
+        adv_G = [set_advantages[l] for l, G_l in enumerate(sets) if j in list(G_l)]  # A#(x, G) for G in G(y_j)
+        adv_N1[j] = sum(adv_G) / len(adv_G) if adv_G else 0.0
+    return adv_N1
+
+
 def marginal_set_advantages(sets, set_advantages, num_traces):
     """Algorithm 1, line 13 (eq. search_trace_set_rl_advantage): A#_marg(x, y_j) = mean_{G in G(y_j)} A#(x, G).
 
-    `sets` (K, n) holds trace indices in [0, num_traces), none repeated within a row; `set_advantages` (K,).
-    Returns adv_N1. A trace in no set gets 0 (the factor 1{C_i > 0} in the proof of Proposition 3.1).
+    marginal_set_advantages_by_definition, vectorised: |G(y_j)| and the sum over G(y_j) are two bincounts over the
+    K n entries of `sets`. `sets` (K, n) holds trace indices in [0, num_traces), none repeated within a row;
+    `set_advantages` (K,). Returns adv_N1. A trace in no set gets 0 (the factor 1{C_i > 0} in the proof of
+    Proposition 3.1).
     """
+    sets_K_n, adv_K = _checked_sets(sets, set_advantages, num_traces)
+    K, n = sets_K_n.shape
+    count_N1 = np.bincount(sets_K_n.ravel(), minlength=num_traces)  # |G(y_j)|, (N1,)
+    total_N1 = np.bincount(sets_K_n.ravel(), weights=np.repeat(adv_K, n), minlength=num_traces)  # (N1,)
+    adv_N1 = np.divide(total_N1, count_N1, out=np.zeros(num_traces), where=count_N1 > 0)  # (N1,)
+    # Numerics, not mathematics: a trace in all K sets averages every centred A#, which is exactly 0, but the float
+    # sum leaves ~1e-17; writing the 0 keeps "advantage == 0 means no gradient" true (module docstring).
+    return np.where(count_N1 == K, 0.0, adv_N1)  # (N1,)
+
+
+def _checked_sets(sets, set_advantages, num_traces):
+    """(sets_K_n, adv_K) as arrays, or a ValueError saying which input is malformed."""
     sets_K_n = np.asarray(sets)
     adv_K = _floats("set_advantages", set_advantages, 1)
     if isinstance(num_traces, bool) or not isinstance(num_traces, (int, np.integer)) or num_traces < 1:
@@ -56,12 +81,7 @@ def marginal_set_advantages(sets, set_advantages, num_traces):
                          f"{sets_K_n.min()} to {sets_K_n.max()}")
     if np.any(np.diff(np.sort(sets_K_n, axis=1), axis=1) == 0):
         raise ValueError(f"a set repeats a trace index: {sets_K_n.tolist()}")
-    K, n = sets_K_n.shape
-    count_N1 = np.bincount(sets_K_n.ravel(), minlength=num_traces)  # |G(y_j)|, (N1,)
-    total_N1 = np.bincount(sets_K_n.ravel(), weights=np.repeat(adv_K, n), minlength=num_traces)  # (N1,)
-    adv_N1 = np.divide(total_N1, count_N1, out=np.zeros(num_traces), where=count_N1 > 0)  # (N1,)
-    # A trace in all K sets averages every centred A#: exactly 0, though the float sum leaves ~1e-17.
-    return np.where(count_N1 == K, 0.0, adv_N1)  # (N1,)
+    return sets_K_n, adv_K
 
 
 def aggregation_advantages(rewards):

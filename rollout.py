@@ -1,6 +1,6 @@
 """Rollouts: from "a list of problems" to sampled completions (Algorithm 1, lines 2 and 7).
 
-Prompts (the appendix's, word for word), `load_policy` (a Hugging Face model or the code-built
+The appendix's prompts (prompts.py, re-exported here), `load_policy` (a Hugging Face model or the code-built
 "tiny"), and `generate`: y ~ softmax(logits / T) with Hugging Face `generate` (or fastgen.py, engine="fast"),
 returning `Completion`s that carry the sampler's log-probabilities (the importance ratio's denominator in train.py)
 and entropies.
@@ -24,6 +24,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 import fastgen
+from prompts import aggregation_prompt, search_prompt  # noqa: F401 - the paper's prompts, re-exported
 from logprobs import attention_backends
 from lora import cast_once
 
@@ -37,50 +38,6 @@ def resolve_engine(engine: str, model) -> str:
     if engine != "auto":
         return engine
     return "fast" if model.device.type == "cuda" and not fastgen.supports(model) else "hf"
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 1. Prompts (paper appendix, word for word)
-
-SEARCH_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
-
-AGGREGATION_HEADER = (
-    "You are given a problem and several candidate solution traces. "
-    "Some candidate solutions may be incorrect, incomplete, or truncated.\n\nProblem:\n\n{problem}\n\n"
-)
-AGGREGATION_CANDIDATE = "Solution {index}:\n{candidate}\n\n"
-AGGREGATION_FOOTER = (
-    "Your task is to audit the candidate traces and then synthesize a correct answer to the original problem.\n\n"
-    "Follow this process:\n\n"
-    "1. Briefly audit each candidate trace. Identify promising strategies, equations, intermediate results, "
-    "or final answers that are explicitly supported by the visible text.\n"
-    "2. Note any apparent errors or unsupported leaps. If a candidate trace is truncated, use only the claims "
-    "that are explicitly supported by the visible text.\n"
-    "3. Check the useful ideas for correctness against the original problem. Do not assume a candidate is correct "
-    "just because it is confident or because multiple candidates agree.\n"
-    "4. After the audit, write a line exactly as follows: ### Final Solution:\n"
-    "5. Under that label, synthesize one coherent, self-contained final solution that can be judged without "
-    "referring back to the candidates. Combine only the valid parts. If the candidates disagree, resolve the "
-    "disagreement by reasoning from the original problem.\n\n"
-    "Put the final answer within \\boxed{{}}."
-)
-
-
-def search_prompt(problem: str) -> str:
-    """Search Trace Prompt (appendix): the user message from which y_1..y_N1 ~ pi_theta(. | x) are sampled."""
-    return SEARCH_TEMPLATE.format(problem=problem)
-
-
-def aggregation_prompt(problem: str, candidates: list[str]) -> str:
-    """Aggregation Trace Prompt (appendix): the user message for y^G_j ~ pi_theta(. | x, G), G = (y_1..y_n).
-
-    The paper shows n = 4 candidates; any n >= 1 gives "Solution 1:" ... "Solution n:" in the same layout.
-    Candidates are inserted verbatim (a truncated trace stays truncated: the prompt tells the model so).
-    """
-    if not candidates:
-        raise ValueError("aggregation_prompt needs at least one candidate solution")
-    body = "".join(AGGREGATION_CANDIDATE.format(index=i + 1, candidate=c) for i, c in enumerate(candidates))
-    return AGGREGATION_HEADER.format(problem=problem) + body + AGGREGATION_FOOTER.format()
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 import evaluate  # noqa: E402
 import problemset  # noqa: E402
 import rollout  # noqa: E402
+from prompts import AGGREGATION_TRACE_PROMPT  # noqa: E402
 
 
 def run_mode(name: str, args) -> dict:
@@ -48,7 +49,7 @@ def run_mode(name: str, args) -> dict:
         try:
             return generate(model, tokenizer, prompts, **kw)
         finally:
-            stage = "rsa" if prompts[0].startswith(rollout.AGGREGATION_HEADER[:20]) else "search"
+            stage = "rsa" if prompts[0].startswith(AGGREGATION_TRACE_PROMPT[:20]) else "search"
             inside[stage] += time.perf_counter() - start
 
     rollout.generate = timed_generate

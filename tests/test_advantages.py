@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from advantages import (aggregation_advantages, group_advantages, length_aware, marginal_set_advantages,
-                        set_advantages, spiral_advantages)
+                        marginal_set_advantages_by_definition, set_advantages, spiral_advantages)
 from setsample import sample_sets
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -40,6 +40,8 @@ def slow_centre(values):
 
 
 def slow_marginal(sets, set_adv, num_traces):
+    """advantages.py keeps the definition as a loop too (marginal_set_advantages_by_definition); this copy is the
+    test's own, so a bug in that reference cannot hide one in the vectorised form."""
     out = []
     for j in range(num_traces):
         containing = [set_adv[l] for l, G in enumerate(sets) if j in G]  # A#(G) for G in G(y_j)
@@ -82,6 +84,9 @@ def test_against_slow_loops(problem):
     in_every_set = [all(j in G for G in sets_K_n.tolist()) for j in range(N1)]
     assert np.all(adv_N1[in_every_set] == 0.0)
     assert np.allclose(adv_N1, slow_marginal(sets_K_n.tolist(), list(adv_K), N1), rtol=0, atol=1e-12)
+    reference_N1 = marginal_set_advantages_by_definition(sets_K_n, adv_K, N1)  # the module's own loop
+    assert np.array_equal(reference_N1, slow_marginal(sets_K_n.tolist(), list(adv_K), N1))
+    assert np.allclose(adv_N1, reference_N1, rtol=0, atol=1e-12)
 
     adv_K_N2 = aggregation_advantages(rewards_K_N2)
     assert np.array_equal(adv_K_N2 == 0, np.array([slow_centre(list(r)) for r in rewards_K_N2]) == 0)

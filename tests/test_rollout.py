@@ -1,5 +1,4 @@
-"""rollout.py, prompts and sampling: the paper's prompts word for word, and `generate` on the tiny policy
-(lengths, EOS and truncation, grouping, determinism, sampler log-probs and entropies equal to a teacher-forced
+"""rollout.py's sampling: `generate` on the tiny policy (lengths, EOS and truncation, grouping, determinism, sampler log-probs and entropies equal to a teacher-forced
 pass), and generation micro-batches sized from the KV-cache bytes per token."""
 
 import pytest
@@ -8,65 +7,6 @@ from transformers import GenerationConfig
 
 import rollout
 from tiny import build_tiny_model
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Prompts: the paper's appendix listings, copied verbatim.
-
-PAPER_SEARCH = """{problem}
-
-Please reason step by step, and put your final answer within \\boxed{}."""
-
-PAPER_AGGREGATION_HEAD = """You are given a problem and several candidate solution traces. Some candidate solutions may be incorrect, incomplete, or truncated.
-
-Problem:
-
-{problem}
-
-"""
-PAPER_AGGREGATION_TAIL = """Your task is to audit the candidate traces and then synthesize a correct answer to the original problem.
-
-Follow this process:
-
-1. Briefly audit each candidate trace. Identify promising strategies, equations, intermediate results, or final answers that are explicitly supported by the visible text.
-2. Note any apparent errors or unsupported leaps. If a candidate trace is truncated, use only the claims that are explicitly supported by the visible text.
-3. Check the useful ideas for correctness against the original problem. Do not assume a candidate is correct just because it is confident or because multiple candidates agree.
-4. After the audit, write a line exactly as follows: ### Final Solution:
-5. Under that label, synthesize one coherent, self-contained final solution that can be judged without referring back to the candidates. Combine only the valid parts. If the candidates disagree, resolve the disagreement by reasoning from the original problem.
-
-Put the final answer within \\boxed{}."""
-
-PROBLEM = "Find $x$ if $2x + 3 = {7}$."  # braces in the problem must survive formatting
-
-
-def test_search_prompt_is_the_papers():
-    assert rollout.search_prompt(PROBLEM) == PAPER_SEARCH.replace("{problem}", PROBLEM)
-
-
-def test_aggregation_prompt_with_four_candidates_is_the_papers_listing():
-    expected = (
-        PAPER_AGGREGATION_HEAD.replace("{problem}", PROBLEM)
-        + "Solution 1:\nfirst {a}\n\nSolution 2:\nsecond\n\nSolution 3:\nthird\n\nSolution 4:\nfourth \\boxed{2}\n\n"
-        + PAPER_AGGREGATION_TAIL
-    )
-    assert rollout.aggregation_prompt(PROBLEM, ["first {a}", "second", "third", "fourth \\boxed{2}"]) == expected
-
-
-@pytest.mark.parametrize(
-    "candidates, middle",
-    [
-        (["only one"], "Solution 1:\nonly one\n\n"),
-        (["one", "two"], "Solution 1:\none\n\nSolution 2:\ntwo\n\n"),
-    ],
-)
-def test_aggregation_prompt_with_one_or_two_candidates(candidates, middle):
-    expected = PAPER_AGGREGATION_HEAD.replace("{problem}", PROBLEM) + middle + PAPER_AGGREGATION_TAIL
-    assert rollout.aggregation_prompt(PROBLEM, candidates) == expected
-
-
-def test_aggregation_prompt_rejects_no_candidates():
-    with pytest.raises(ValueError):
-        rollout.aggregation_prompt(PROBLEM, [])
-
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Sampling on the tiny policy
