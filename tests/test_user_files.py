@@ -287,6 +287,60 @@ def test_resuming_into_a_linked_adapter_is_refused_and_the_link_kept(tmp_path):
     assert "adapter is a symbolic link" in why and os.path.islink(run / "adapter")
 
 
+@pytest.fixture
+def small_run(tmp_path, monkeypatch):
+    """train.py on the code-built tiny policy (its base saved to OUT/base), a step or two: (flags without --out)."""
+    from tests.test_checkpoint import SMALL
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(3)))
+    return [*SMALL, "--data", str(data), "--steps", "1"]
+
+
+def test_a_resume_refuses_a_base_that_is_not_what_the_run_wrote(small_run, tmp_path, capsys):
+    """A truncated OUT/base/model.safetensors: the resume stops in one line before any work (it resumed with exit 0
+    and wrote adapters pointing at the corrupt base). Removed, as the line says, it is written again, the same."""
+    run = tmp_path / "run"
+    assert train.main([*small_run, "--out", str(run)]) == 0
+    weights = run / "base" / "model.safetensors"
+    record = json.loads((run / "base" / checkpoint.BASE_RECORD).read_text())
+    assert record["model.safetensors"][0] == weights.stat().st_size and "config.json" in record
+    original = weights.read_bytes()
+    for corrupt in (original[:len(original) // 2], original[:-1] + bytes([original[-1] ^ 1])):  # truncated, a bit
+        weights.write_bytes(corrupt)
+        before = _snapshot(run)
+        capsys.readouterr()
+        assert train.main(["--out", str(run), "--resume", "--steps", "2"]) == 2
+        _one_line(capsys, "train.py", f"--resume: {weights} is not what the run wrote ({len(corrupt):,} bytes",
+                  f"written: {len(original):,} bytes", f"remove {run / 'base'} and resume again")
+        assert _snapshot(run) == before
+    shutil.rmtree(run / "base")
+    assert train.main(["--out", str(run), "--resume", "--steps", "2"]) == 0
+    assert weights.read_bytes() == original
+
+
+def test_overwrite_through_a_link_keeps_the_link_and_deletes_the_old_run_it_promised_to(small_run, tmp_path, capsys):
+    """--out LINK --overwrite, LINK a symbolic link to a run directory: the new run is made where the link points and
+    the link stays; the old run is deleted after the first checkpoint as promised (LINK.old-* was left behind);
+    nothing else beside the run is touched."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "notes.txt").write_text("mine")
+    assert train.main([*small_run, "--out", str(runs / "real")]) == 0
+    (runs / "real" / "metrics.jsonl").write_text('{"step": 1, "old": true}\n')  # to tell the old run from the new
+    os.symlink(runs / "real", tmp_path / "link")
+    capsys.readouterr()
+    assert train.main([*small_run, "--out", str(tmp_path / "link"), "--overwrite"]) == 0
+    assert f"moved the old run to {runs / 'real'}.old-" in capsys.readouterr().out
+    assert os.readlink(tmp_path / "link") == str(runs / "real")
+    assert sorted(os.listdir(tmp_path)) == ["link", "problems.jsonl", "runs"]
+    assert sorted(os.listdir(runs)) == ["notes.txt", "real"] and (runs / "notes.txt").read_text() == "mine"
+    assert '"old"' not in (runs / "real" / "metrics.jsonl").read_text()
+    assert checkpoint.latest_checkpoint(str(tmp_path / "link")) == str(tmp_path / "link" / "checkpoint" / "step-000001")
+
+
 def _tiny_lora():
     model, _ = rollout.load_policy("tiny")
     lora.add_lora(model, rank=2, alpha=2.0)
