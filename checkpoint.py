@@ -300,8 +300,7 @@ def out_dir_problem(out_dir: str, *, resume: bool, overwrite: bool, keep: dict[s
         return f"--out {out_dir!r}: {why}"
     if resume and saved_config(out_dir) is None:
         return f"{resume_flag}: no checkpoint in {out_dir}"
-    why = base_problem(out_dir) if resume else None
-    if why:
+    if resume and (why := base_problem(out_dir)):
         return f"{resume_flag}: {why}"
     if not resume and os.path.isdir(out_dir) and os.listdir(out_dir):
         if not overwrite:
@@ -547,11 +546,8 @@ def base_problem(out_dir: str) -> str | None:
 
 
 def _sha256(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(2**20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def save_base(out_dir: str, model: str, base_model, tokenizer, in_checkout: str) -> str:
@@ -597,3 +593,7 @@ def write_failed(path: str, tmp: str, exc: BaseException) -> CheckpointError:
             why = f"the disk is full ({free / 2**20:.0f} MiB free)"
     shutil.rmtree(tmp, ignore_errors=True)
     return CheckpointError(f"could not write {path}: {why}; nothing half-written was left behind")
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (cli.library_main: an import cycle)
+    print(__doc__)

@@ -32,7 +32,7 @@ VENV = os.path.join(ROOT, ".venv")
 STAMP = os.path.join(VENV, "spiral-ref-installed")
 PYTHON = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin", "python")
 INSTALL = ["-r", "requirements.txt", "-c", "constraints.txt", "matplotlib"]  # matplotlib: the demo's figures
-NO_SPACE = (os.strerror(errno.ENOSPC), f"[Errno {errno.ENOSPC}]")  # how a full disk reads in pip's and ensurepip's output
+NO_SPACE = (os.strerror(errno.ENOSPC), f"[Errno {errno.ENOSPC}]")  # a full disk in pip's, ensurepip's output
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -74,7 +74,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_continued_by_the_same_comm
     """Ctrl-C in a run's first checkpoint interval leaves config.json and some metrics, no checkpoint. The scripts'
     advice is to rerun the same command: the runner resumes that run (train.py --resume starts it again from step 0),
     with or without --overwrite, instead of refusing it; the rerun then finishes it."""
-    monkeypatch.setattr(spiral, "reward", lambda text, gold: float(zlib.crc32(text.encode()) % 2))  # see test_checkpoint
+    monkeypatch.setattr(spiral, "reward", lambda text, gold: float(zlib.crc32(text.encode()) % 2))  # test_checkpoint's
     data = tmp_path / "problems.jsonl"
     data.write_text("".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
                             for i in range(3)))
