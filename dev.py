@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import venv
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -111,7 +112,7 @@ def environment() -> str:
         code = run([PYTHON, "-m", "pip", "install", "--quiet", *INSTALL], stderr_seen=errors)
         if code:
             text = "".join(errors)
-            cause = full_disk(VENV, os.environ.get("TMPDIR", "/tmp")) if any(m in text for m in NO_SPACE) else \
+            cause = full_disk(VENV, tempfile.gettempdir()) if any(m in text for m in NO_SPACE) else \
                 "its message is above"
             fail(f"pip install failed (exit {code}): {cause}", code=1)
         try:
