@@ -388,3 +388,7 @@ def library_main(doc: str, name: str, used_by: str) -> None:
         sys.exit(0)
     print(f"{name}: error: a library that {used_by}; nothing to run here (--help: what it holds)", file=sys.stderr)
     sys.exit(2)
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    library_main(__doc__, "cli.py", "train.py, evaluate.py, trl_spiral.py and the benchmarks use")

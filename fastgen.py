@@ -515,3 +515,7 @@ def sample_micro_batch(model, prompt_ids: list[list[int]], copies: int, max_new_
             engine.step(w, call, shape, _round_up(steps, SUFFIX_BUCKET))  # feeds column steps - 1
             steps += 1
     return (s.tokens_BT[:, :steps].tolist(), s.logprobs_BT[:, :steps].tolist(), s.entropies_BT[:, :steps].tolist())
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (cli.library_main: an import cycle)
+    print(__doc__)

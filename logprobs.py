@@ -194,3 +194,7 @@ def completion_logprobs(model, batch: TokenBatch, temperature: float = 1.0, chun
     if as_rows:
         return to_rows(logprobs_N, batch), to_rows(entropy_N, batch)  # (B, T), (B, T)
     return logprobs_N, entropy_N
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (copied alone, it imports torch only)
+    print(__doc__)

@@ -160,3 +160,7 @@ def _fetch_from_hub(source: str) -> list[str]:
         found = [os.path.relpath(p, folder) for p in paths]
         raise ValueError(f"Hub dataset {repo_id!r} has {len(paths)} JSONL files {found}; name one as '{repo_id}:FILE'")
     return paths
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (cli.library_main: an import cycle)
+    print(__doc__)

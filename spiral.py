@@ -267,3 +267,9 @@ def collect_grpo(
         "token_budget_per_problem": group_size * max_new_tokens,  # paper: 12 x 8192 = 98,304
     } | _entropy_metrics(entropy) | _grader_metrics(grader_before)
     return Rollouts(samples, metrics)
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import cli
+
+    cli.library_main(__doc__, "spiral.py", "train.py, trl_spiral.py and the verl recipe use")

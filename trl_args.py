@@ -183,3 +183,8 @@ def parse_args(argv: list[str]):
         raise cli.ConfigError(checkpoint.first_line(exc).removeprefix("ValueError: ")) from None
     return spiral_args, args, cfg
 
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import cli
+
+    cli.library_main(__doc__, "trl_args.py", "trl_spiral.py uses")

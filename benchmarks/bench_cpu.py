@@ -230,3 +230,7 @@ def run_decode_part(args) -> dict:
     return results
 
 
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import cli
+
+    cli.library_main(__doc__, "bench_cpu.py", "benchmarks/bench.py uses")

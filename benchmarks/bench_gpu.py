@@ -323,3 +323,7 @@ def print_result(key: str, r: dict) -> None:
                   f"SPIRAL / GRPO time x{r['time_ratio_spiral_over_grpo']:.2f}")
 
 
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import cli
+
+    cli.library_main(__doc__, "bench_gpu.py", "benchmarks/bench.py uses")

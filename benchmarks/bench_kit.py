@@ -238,3 +238,7 @@ def weight_bytes(model) -> int:
     return sum(seen.values())
 
 
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import cli
+
+    cli.library_main(__doc__, "bench_kit.py", "bench.py, bench_cpu.py, bench_gpu.py and decode.py use")

@@ -306,9 +306,19 @@ def test_a_cold_run_an_interrupted_run_and_its_resumption_agree(tiny_runs, monke
     monkeypatch.setattr(rollout, "generate", interrupted)
     command = [*runs.FLAGS, "--data", str(runs.data), *flags, "--cache-dir", str(runs.root / "resumed"),
                "--out", str(runs.root / "resumed.json")]
-    assert evaluate.main(command) == 130
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "interrupted" in err and str(runs.root / "resumed") in err
+    # Progress lines share stderr (figures.Progress: one per 30 s, so a busy machine prints some): here one per
+    # update, so that the interruption is shown to be the last line and the only other one whatever the load
+    import re
+
+    import figures
+
+    with monkeypatch.context() as every_update:
+        every_update.setitem(figures.Progress.__init__.__kwdefaults__, "every_s", 0.0)
+        assert evaluate.main(command) == 130
+    lines = capsys.readouterr().err.splitlines()
+    said = [line for line in lines if not re.fullmatch(r".+: \d+/\d+ traces.*, \d+:\d\d(:\d\d)? elapsed.*", line)]
+    assert len(lines) > 1 and said == lines[-1:] and "interrupted" in said[0], lines
+    assert str(runs.root / "resumed") in said[0]
     monkeypatch.setattr(rollout, "generate", generate)
     resumed, prompts = runs(*flags, "--cache-dir", str(runs.root / "resumed"), out=runs.root / "resumed.json")
     assert len(prompts) == 3 + 3 * 2  # the second problem's step 2, then both problems' step 3
