@@ -122,14 +122,14 @@ def trl_reward(function: RewardFn) -> Callable:
     def reward_fn(prompts, completions, **columns):
         rows = [{key: value[i] for key, value in columns.items() if isinstance(value, list)}
                 for i in range(len(prompts))]
-        return [function(Problem(_text(prompt), row.get("answer"), row.get("id"), {"prompt": prompt, **row}),
-                         _text(completion)) for prompt, completion, row in zip(prompts, completions, rows)]
+        return [function(Problem(text_of(prompt), row.get("answer"), row.get("id"), {"prompt": prompt, **row}),
+                         text_of(completion)) for prompt, completion, row in zip(prompts, completions, rows)]
 
     reward_fn.__name__ = getattr(function, "__name__", "reward")
     return reward_fn
 
 
-def _text(value) -> str:
+def text_of(value) -> str:
     """A prompt or completion as text: a string, or the content of a chat-format message list's last message."""
     return value[-1]["content"] if isinstance(value, list) else value
 
@@ -141,3 +141,36 @@ def _label(problem: Problem) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def trl_rewards(functions: list, weights: list[float], prompt, completion: str, completion_ids: list[int] | None,
+                row: dict, run_async: Callable | None = None, **extra) -> tuple[float, list[float]]:
+    """TRL's reward for one completion, as GRPOTrainer computes it: each function f(prompts=[prompt],
+    completions=[completion], completion_ids=[ids], **columns) returns one value; None means "not this function's"
+    (NaN); the reward is the weighted sum of the others (TRL's nansum). Returns (reward, each function's value).
+
+    A chat-format prompt gets its completion as [{"role": "assistant", "content": ...}], as TRL passes it; `extra`
+    (TRL's trainer_state, log_metric, ...) goes to every function; `run_async` awaits an async function's result.
+    Anything but a finite number or None, a wrong count, an exception, or None from every function: RewardError."""
+    completions = [[{"role": "assistant", "content": completion}] if isinstance(prompt, list) else completion]
+    columns = {key: [value] for key, value in row.items() if key not in ("prompt", "completion", "completion_ids")}
+    values = []
+    for function in functions:
+        name = getattr(function, "__name__", type(function).__name__)
+        try:
+            out = function(prompts=[prompt], completions=completions, completion_ids=[completion_ids], **columns,
+                           **extra)
+            out = run_async(out) if hasattr(out, "__await__") else out
+        except Exception as exc:  # noqa: BLE001 - the user's code: one line names it
+            raise RewardError(f"the reward function {name} raised {_first_line(exc)}") from None
+        if not isinstance(out, (list, tuple)) or len(out) != 1:
+            raise RewardError(f"the reward function {name} returned {out!r} for one completion; expected a list of "
+                              "one reward")
+        value = out[0]
+        if value is not None and (not isinstance(value, numbers.Real) or not math.isfinite(float(value))):
+            raise RewardError(f"the reward function {name} returned {value!r}; expected a finite number or None")
+        values.append(math.nan if value is None else float(value))
+    if all(math.isnan(v) for v in values):
+        raise RewardError(f"every reward function returned None for a completion of the prompt {str(prompt)[:60]!r}; "
+                          "SPIRAL needs a reward for every trace")
+    return sum(w * v for w, v in zip(weights, values) if not math.isnan(v)), values
