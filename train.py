@@ -72,8 +72,9 @@ class TrainConfig:
     algo: Literal["spiral", "grpo"] = option("spiral", "spiral (Algorithm 1) or grpo (the baseline, equal budget)")
     model: str = option(rollout.DEFAULT_MODEL, "base model: a Hugging Face id, a local directory, or 'tiny'")
     data: str = option("math_train", "training problems: bundled set, JSONL file or Hub id (paper: POLARIS-53K)")
-    data_columns: str | None = option(None, "columns of --data: problem=COL,answer=COL,id=COL (the problem column holds "
-                                            "text or a chat prompt of one user message; default problem,answer,id)")
+    data_columns: str | None = option(None, "columns of --data: problem=COL,answer=COL,id=COL (the problem column "
+                                            "holds text or a chat prompt of one user message; default problem, "
+                                            "answer, id)")
     reward: str | None = option(None, "the task's reward r(x, y), MODULE:FUNCTION or PATH.py:FUNCTION with signature "
                                       "(problem, completion_text) -> float (default: the math grader, task.py)")
     steps: int = option(100, "optimiser steps, one batch of rollouts each")

@@ -109,7 +109,8 @@ _NO_EVAL = "evaluation never runs (eval_strategy and eval_on_start are pinned; e
 _TRL = "TRL's Trainer, as in TRL"
 _VLLM = "TRL's vLLM engine samples both stages (--use_vllm; not run here: no GPU)"
 _HUB = "TRL's Hub upload of the checkpoints (not run here: no network)"
-_CLI_LOADS = "when the model is given by name, TRL loads it with this (trl_spiral.py loads the model itself and refuses it)"
+_CLI_LOADS = ("when the model is given by name, TRL loads it with this (trl_spiral.py loads the model itself and "
+              "refuses it)")
 FIELDS: dict[str, Rule] = {
     "output_dir": honoured("the run directory (train.py's --out)"),
     "per_device_train_batch_size": derived("|B| (N1 + K N2) / gradient_accumulation_steps rows per micro-batch"),
@@ -148,7 +149,8 @@ FIELDS: dict[str, Rule] = {
     "logging_steps": pinned(1, why="metrics.jsonl has one row per optimizer step, as train.py's"),
     "logging_first_step": irrelevant("every step is logged (logging_steps 1), the first included"),
     "logging_nan_inf_filter": honoured("TRL's logged loss"),
-    "include_num_input_tokens_seen": pinned("no", why="SpiralGRPOTrainer counts num_tokens itself, as GRPOTrainer"),
+    "include_num_input_tokens_seen": pinned("no", False, why="SpiralGRPOTrainer counts num_tokens itself, as "
+                                                              "GRPOTrainer"),
     "disable_tqdm": honoured("SPIRAL's default True: one line per step instead"),
     "report_to": honoured("TRL's trackers; a tracker that is not installed is refused before anything is written"),
     "eval_strategy": pinned("no", why="SPIRAL's evaluation is evaluate.py (GRPOTrainer's would score GRPO groups)"),
@@ -212,10 +214,8 @@ FIELDS: dict[str, Rule] = {
     "reward_weights": honoured("the weights of reward_funcs, summed as TRL sums them (None skipped)"),
     "multi_objective_aggregation": pinned("sum_then_normalize", why="the weighted rewards are summed, then SPIRAL's "
                                                                     "advantages centre them (no normalisation)"),
-    "scale_rewards": pinned("none", "group", why="SPIRAL's advantages are never divided by a std ('group' is TRL's "
-                                                 "default, accepted and unused)"),
-    "loss_type": pinned("dr_grpo", "dapo", why=_LOSS + " (with a constant normaliser, as dr_grpo; 'dapo' is TRL's "
-                                                   "default, accepted and unused)"),
+    "scale_rewards": pinned("none", why="SPIRAL's advantages are never divided by a std (TRL's default: group)"),
+    "loss_type": pinned("dr_grpo", why=_LOSS + ", with a constant normaliser as dr_grpo's (TRL's default: dapo)"),
     "mask_truncated_completions": pinned(False, why="truncated traces are trained as train.py trains them"),
     "sync_ref_model": pinned(False, why="no reference model (beta 0)"),
     "ref_model_mixup_alpha": irrelevant("only with sync_ref_model, which is pinned off"),
@@ -287,13 +287,7 @@ def check_grpo_config(args, cfg: train.TrainConfig) -> None:
     """The one check of a GRPOConfig against SPIRAL, for trl_spiral.py's command line and SpiralGRPOTrainer alike:
     every pinned field holds an accepted value, every derived one its derived value, and TRL's names for train.py's
     settings (TRL_NAMES) agree with the SPIRAL config `cfg`. cli.ConfigError (one line) says which and why."""
-    for name, rule in FIELDS.items():
-        if rule.kind != "pinned" or (rule.only_if and not getattr(args, rule.only_if)):
-            continue
-        value = _plain(getattr(args, name))
-        if not any(_same(value, accepted) for accepted in rule.values):
-            also = f" (or {', '.join(map(str, rule.values[1:]))})" if len(rule.values) > 1 else ""
-            raise cli.ConfigError(f"--{name} {value}: SPIRAL pins it to {rule.values[0]}{also} ({rule.why})")
+    check_pins(lambda name: getattr(args, name))
     if args.max_steps <= 0:
         raise cli.ConfigError(f"--max_steps {args.max_steps}: SPIRAL counts optimizer steps; set a positive max_steps "
                               "(train.py's --steps)")
@@ -314,6 +308,18 @@ def check_grpo_config(args, cfg: train.TrainConfig) -> None:
         raise cli.ConfigError("FSDP needs --use_vllm: SPIRAL's rollout makes a different number of forward calls on "
                               "each process, which FSDP's per-layer gathers would deadlock; use ZeRO-3 "
                               "(recipe/trl/zero3.yaml) or DDP, or sample with vLLM")
+
+
+def check_pins(value_of) -> None:
+    """Every pinned field's value (value_of(name): a GRPOConfig's, or the command line's before TRL's post-init can
+    raise on it) among the accepted ones, else cli.ConfigError naming the field, the pin and why."""
+    for name, rule in FIELDS.items():
+        if rule.kind != "pinned" or (rule.only_if and not value_of(rule.only_if)):
+            continue
+        value = _plain(value_of(name))
+        if not any(_same(value, accepted) for accepted in rule.values):
+            also = f" (or {', '.join(map(str, rule.values[1:]))})" if len(rule.values) > 1 else ""
+            raise cli.ConfigError(f"--{name} {value}: SPIRAL pins it to {rule.values[0]}{also} ({rule.why})")
 
 
 def _same(value, accepted) -> bool:
@@ -352,6 +358,8 @@ def grpo_config(spiral=None, **overrides):
     if "use_cpu" in overrides:
         cfg.device = "cpu" if overrides["use_cpu"] else cfg.device
     values = trl_defaults(cfg) | {name: rule.values[0] for name, rule in FIELDS.items() if rule.kind == "pinned"}
+    if isinstance(spiral, train.TrainConfig):  # its own run directory
+        values["output_dir"] = cfg.out
     values |= derived_settings(cfg, overrides.get("gradient_accumulation_steps", 1)) | overrides
     args = _construct(values)
     check_grpo_config(args, cfg if isinstance(spiral, train.TrainConfig) else spiral_train_config(spiral, args))
@@ -470,6 +478,7 @@ def parse_args(argv: list[str]):
     for key, value in (config.get("env") or {}).items():  # TrlParser's `env:` block
         os.environ[key] = str(value)
     ns = vars(parser.parse_args(argv))
+    check_pins(ns.get)  # before GRPOConfig's post-init, whose own errors would not say why SPIRAL pins them
     for name in ("model_init_kwargs", "trust_remote_code"):  # TRL's, for a model TRL loads; this script loads its own
         if ns[name]:
             raise cli.ConfigError(f"--{name}: trl_spiral.py loads the model itself (--model_name_or_path, --dtype)")

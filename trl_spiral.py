@@ -167,8 +167,8 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         if train_dataset is None or not hasattr(train_dataset, "__len__"):
             raise ValueError("SpiralGRPOTrainer needs a train_dataset with a length (a datasets.Dataset): dynamic "
                              "sampling redraws problems from it")
+        args = args if args is not None else trl_args.grpo_config(spiral_config)
         cfg = trl_args.spiral_train_config(spiral_config, args)
-        args = args if args is not None else trl_args.grpo_config(cfg)
         trl_args.check_grpo_config(args, cfg)
         problems = [problem_from_record(row, Columns(problem="prompt"), False, f"train_dataset row {i}")
                     for i, row in enumerate(train_dataset)]
@@ -515,7 +515,8 @@ def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrai
         checkpoint.lock_run_dir(cfg.out)
         checkpoint.prepare_run_dir(cfg.out, config={**dataclasses.asdict(cfg), "trl": args.to_dict(),
                                                     "gradient_scale_M": train.gradient_scale_M(cfg),
-                                                    "versions": checkpoint.versions(args.device) | trl_args.engine_versions()},
+                                                    "versions": checkpoint.versions(args.device)
+                                                    | trl_args.engine_versions()},
                                    overwrite=cfg.overwrite, resume_step=step)
 
     _on_main(args, claim_run_dir)

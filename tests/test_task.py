@@ -93,7 +93,8 @@ def no_math_grader(monkeypatch):
 def test_columns_map_the_user_s_names_and_a_chat_prompt_is_its_user_message(user_files):
     problems = problemset.load_problems(str(user_files / "chat.jsonl"), Columns(problem="question", id="uid"),
                                         need_answer=False)
-    assert [(p.problem, p.answer, p.id) for p in problems] == [(f"What is {a} + {a}?", None, f"q{a}") for a in (1, 2, 3)]
+    assert [(p.problem, p.answer, p.id) for p in problems] == [(f"What is {a} + {a}?", None, f"q{a}")
+                                                               for a in (1, 2, 3)]
     assert problems[1].fields["level"] == 2 and problems[1].fields["question"][0]["role"] == "user"
     assert Columns.parse("problem=question, answer=gold") == Columns(problem="question", answer="gold")
     with pytest.raises(problemset.ProblemFileError, match=r"line 1: missing field 'answer'"):  # the math task's

@@ -213,7 +213,7 @@ def test_trl_flags_and_config_yaml_take_precedence_in_order(tmp_path):
     (["--beta", "0.04"], "--beta 0.04: SPIRAL pins it to 0.0 (SPIRAL has no KL term)"),
     (["--num_iterations", "2"], "--num_iterations 2: SPIRAL pins it to 1"),
     (["--top_p", "0.9"], "--top_p 0.9: SPIRAL pins it to 1.0"),
-    (["--logging_steps", "5"], "--logging_steps 5: SPIRAL pins it to 1"),
+    (["--logging_steps", "5"], "--logging_steps 5.0: SPIRAL pins it to 1"),
     (["--num_generations", "8"], "--num_generations 8: SPIRAL derives it as 7"),
     (["--per_device_train_batch_size", "4"], "--per_device_train_batch_size 4: SPIRAL derives it as 14"),
     (["--bf16", "true"], "--bf16 True: SPIRAL derives it as False"),
