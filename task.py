@@ -17,6 +17,7 @@ A reward must return a finite real number for every completion, the empty one in
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import math
@@ -51,11 +52,17 @@ def load_reward(spec: str) -> RewardFn:
         if module_name.endswith(".py") or os.sep in module_name:
             if not os.path.isfile(module_name):
                 raise RewardError(f"--reward {spec}: no such file {module_name}")
-            loader_spec = importlib.util.spec_from_file_location(
-                f"spiral_reward_{abs(hash(os.path.abspath(module_name)))}", module_name)
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[loader_spec.name] = module  # as an import would: pickling and dataclasses look it up there
-            loader_spec.loader.exec_module(module)
+            name = "spiral_reward_" + hashlib.sha256(os.path.abspath(module_name).encode()).hexdigest()[:16]
+            module = sys.modules.get(name)  # loaded once per process, as an import is (a judge model loads once)
+            if module is None:
+                loader_spec = importlib.util.spec_from_file_location(name, module_name)
+                module = importlib.util.module_from_spec(loader_spec)
+                sys.modules[name] = module  # as an import would: pickling and dataclasses look it up there
+                try:
+                    loader_spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
         else:
             if "" not in sys.path and os.getcwd() not in sys.path:  # `python train.py` puts the script's directory
                 sys.path.append(os.getcwd())                        # first; the user's module is where they are
@@ -122,8 +129,9 @@ def trl_reward(function: RewardFn) -> Callable:
     def reward_fn(prompts, completions, **columns):
         rows = [{key: value[i] for key, value in columns.items() if isinstance(value, list)}
                 for i in range(len(prompts))]
-        return [function(Problem(text_of(prompt), row.get("answer"), row.get("id"), {"prompt": prompt, **row}),
-                         text_of(completion)) for prompt, completion, row in zip(prompts, completions, rows)]
+        return [function(Problem(text_of(prompt), _str_or_none(row.get("answer")), _str_or_none(row.get("id")),
+                                 {"prompt": prompt, **row}), text_of(completion))
+                for prompt, completion, row in zip(prompts, completions, rows)]
 
     reward_fn.__name__ = getattr(function, "__name__", "reward")
     return reward_fn
@@ -132,6 +140,10 @@ def trl_reward(function: RewardFn) -> Callable:
 def text_of(value) -> str:
     """A prompt or completion as text: a string, or the content of a chat-format message list's last message."""
     return value[-1]["content"] if isinstance(value, list) else value
+
+
+def _str_or_none(value) -> str | None:
+    return None if value is None else str(value)
 
 
 def _label(problem: Problem) -> str:

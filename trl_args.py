@@ -317,14 +317,9 @@ def check_pins(value_of) -> None:
         if rule.kind != "pinned" or (rule.only_if and not value_of(rule.only_if)):
             continue
         value = _plain(value_of(name))
-        if not any(_same(value, accepted) for accepted in rule.values):
+        if value not in rule.values:  # == (a bool is its int: fp16=0 is fp16=False)
             also = f" (or {', '.join(map(str, rule.values[1:]))})" if len(rule.values) > 1 else ""
             raise cli.ConfigError(f"--{name} {value}: SPIRAL pins it to {rule.values[0]}{also} ({rule.why})")
-
-
-def _same(value, accepted) -> bool:
-    """value == accepted, except that a bool equals only a bool (True is not 1 here)."""
-    return value is accepted if isinstance(value, bool) or isinstance(accepted, bool) else value == accepted
 
 
 def _plain(value):

@@ -12,8 +12,10 @@ TRL's rollout_func is not used: TRL would then score and normalise the rows as G
 
 Settings. SpiralArguments holds SPIRAL's own (train.py's flags of the same meaning, from the same presets); TRL's go by
 TRL's names, with train.py's values as defaults (learning_rate, max_steps, max_completion_length, temperature, the AdamW
-settings, ...). Settings that would make the update something other than Algorithm 1's are PINNED (or DERIVED from
-N1, K, N2 and |B|): passing another value is a one-line error that says why.
+settings, ...). Every GRPOConfig field is classified in trl_args.FIELDS; one that would make the update something other
+than Algorithm 1's, or would be ignored, is pinned (or derived from N1, K, N2 and |B|): another value is a one-line
+error that says why, from the command line and from SpiralGRPOTrainer(model, reward_funcs, args, train_dataset) alike.
+The task: the reward_funcs given (TRL's signature), or --reward's r(problem, completion) (task.py), or the math grader.
 
 Where this departs from train.py:
   1. LoRA through peft: the same rank, alpha and modules, but peft's own initialisation (so not bit-identical).
@@ -462,9 +464,12 @@ def build_trainer(cfg: train.TrainConfig, args, model, tokenizer, problems) -> S
     from datasets import Dataset
 
     column = Columns.parse(cfg.data_columns).problem  # the prompt as the file holds it: text or one user message
-    rows = [{**p.fields, "prompt": p.fields.get(column, p.problem), "answer": p.answer} for p in problems]
+    rows = [{**p.fields, "prompt": p.fields.get(column, p.problem), "answer": p.answer,
+             **({"id": p.id} if p.id is not None else {})} for p in problems]  # the id: in the data's fingerprint
     reward_funcs = [task.trl_reward(task.checked(task.load_reward(cfg.reward), cfg.reward))] if cfg.reward else None
-    return SpiralGRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(rows),
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # from_list would keep only row 0's columns
+    dataset = Dataset.from_dict({key: [row.get(key) for row in rows] for key in columns})
+    return SpiralGRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset,
                              processing_class=tokenizer, peft_config=lora_config(cfg), spiral_config=cfg)
 
 

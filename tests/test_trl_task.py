@@ -368,3 +368,28 @@ def test_the_porting_guide_s_names_exist():
     guide = open(os.path.join(os.path.dirname(trl_args.__file__), "PORTING.md")).read()
     for name in ("check_grpo_config", "grpo_config", "FIELDS", "task.trl_reward", "--reward"):
         assert name in guide, name
+
+
+def test_every_column_of_the_file_reaches_the_trainer_s_dataset(tmp_path, tiny):
+    """A column that the first line lacks still reaches the reward functions (datasets' from_list keeps only the first
+    row's columns), and the ids stay the problems' (the data's fingerprint holds them)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"problem": "What is 1 + 1?", "answer": "2", "id": 7}) + "\n"
+                    + json.dumps({"problem": "What is 2 + 2?", "answer": "4", "id": "b", "note": "late"}) + "\n")
+    cfg, args, problems = trl_spiral.resolve(SMALL + ["--dataset_name", str(data), "--output_dir", str(tmp_path / "r")])
+    model, tokenizer = tiny
+    trainer = trl_spiral.build_trainer(cfg, args, model, tokenizer, problems)
+    assert trainer.train_dataset["note"] == [None, "late"] and trainer.train_dataset["id"] == ["7", "b"]
+    assert [p.id for p in trainer._redraw.problems] == ["7", "b"]
+
+
+def test_a_spiral_config_and_a_grpo_config_that_disagree_are_refused(tiny, tmp_path):
+    """train.py's settings that TRL also names (lr is learning_rate, L is max_completion_length, ...) must agree
+    between a SPIRAL config given whole and the GRPOConfig: else which one trains is a guess."""
+    model, tokenizer = tiny
+    cfg = trl_args.spiral_train_config(SPIRAL, user_args(tmp_path))
+    cfg.lr = 1e-4
+    with pytest.raises(cli.ConfigError, match="--learning_rate 0.002 differs from the SPIRAL config's lr 0.0001"):
+        trl_spiral.SpiralGRPOTrainer(model, reward_funcs=lambda prompts, completions, **_: [0.0],
+                                     args=user_args(tmp_path), train_dataset=chat_dataset(),
+                                     processing_class=tokenizer, spiral_config=cfg)
