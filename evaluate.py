@@ -425,9 +425,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if cfg.method == "majority":
             raise UsageError("--method majority with --reward: majority@k votes on \\boxed{} answers compared by "
                              "math-verify, which are the math task's; use passk, rsa or sequential")
-        cfg.methods.remove("majority")
-        print("evaluate.py: --reward: majority@k left out (it votes on \\boxed{} answers compared by math-verify, "
-              "which are the math task's)", file=sys.stderr)
+        cfg.methods.remove("majority")  # said in run(), once the reward has passed its probe
     cli.validate_evaluation(cfg)
     return cfg
 
@@ -517,6 +515,9 @@ def run(cfg) -> int:
     if not problems:
         raise UsageError(f"--data {cfg.data} holds no problems")
     reward_fn = cli.task_reward(cfg.reward, problems)  # --reward: imported and probed on one problem now
+    if reward_fn is not None and cfg.method == "all":
+        print("evaluate.py: --reward: majority@k left out (it votes on \\boxed{} answers compared by math-verify, "
+              "which are the math task's)", file=sys.stderr)
     for model in dict.fromkeys(p["model"] for p in cfg.policies):
         try:  # as train.py: an unreachable or unknown Hub id fails in seconds, not after ~50 s of retries
             rollout.check_model(model)

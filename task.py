@@ -109,8 +109,8 @@ def probe(reward_fn: RewardFn, problems: list[Problem], spec: str) -> None:
         if problems:
             reward_fn(problems[0], "")
     except RewardError as exc:
-        raise RewardError(f"--reward {spec}: {exc} (probed before any training with the empty completion, which a "
-                          "model may write)") from None
+        raise RewardError(f"--reward {spec}: {exc} (probed before any work with the empty completion, which a model "
+                          "may write)") from None
 
 
 def resolve(spec: str | None, problems: list[Problem]) -> RewardFn | None:

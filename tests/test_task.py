@@ -132,7 +132,7 @@ def test_a_chat_prompt_that_is_not_one_user_message_is_refused_naming_line_and_c
     ("{tmp}/my_rewards.py:absent", "has no absent"),
     ("{tmp}/my_rewards.py:NOT_A_FUNCTION", "is a int, not a function"),
     ("{tmp}/broken.py:f", "importing {tmp}/broken.py failed (ModuleNotFoundError"),
-    ("{tmp}/my_rewards.py:raises", "raised KeyError: 'missing' on problem q1 (probed before any training"),
+    ("{tmp}/my_rewards.py:raises", "raised KeyError: 'missing' on problem q1 (probed before any work"),
     ("{tmp}/my_rewards.py:nan", "returned nan on problem q1; expected a finite number"),
     ("{tmp}/my_rewards.py:none", "returned None"),
     ("{tmp}/my_rewards.py:text", "returned '1'"),
@@ -299,3 +299,23 @@ def test_the_default_task_is_the_math_grader_on_the_answer_column():
     assert task.math_reward(Problem("1+1?", "2"), "so \\boxed{2}") == 1.0
     assert task.math_reward(Problem("1+1?", "2"), "so \\boxed{3}") == 0.0
     assert Path(task.__file__).name == "task.py"
+
+
+def test_evaluate_names_a_reward_that_is_not_0_or_1(capsys):
+    """pass@k counts only r = 1 as solved: a reward of 0.5 is said in one warning line, a 0/1 reward is not."""
+    records = [{"pools": {6: [{"reward": 1.0}, {"reward": 0.0}]}, "rsa": {4: [{"samples": [{"reward": 0.5}]}]}}]
+    evaluate._warn_if_not_binary(records, "base", reward_fn=len)
+    assert "the reward gave values other than 0 and 1 (e.g. 0.5)" in capsys.readouterr().err
+    records[0]["rsa"][4][0]["samples"][0]["reward"] = 1.0
+    evaluate._warn_if_not_binary(records, "base", reward_fn=len)
+    evaluate._warn_if_not_binary(records, "base", reward_fn=None)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_reward_that_cannot_be_used_stops_evaluate_py_in_one_line_before_any_work(user_files, capsys):
+    out = user_files / "eval.json"
+    code = evaluate.main(["--preset", "tiny", "--data", str(user_files / "chat.jsonl"), "--data-columns",
+                          "problem=question,id=uid", "--reward", f"{user_files}/my_rewards.py:nan", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("evaluate.py: error: --reward ") and err.count("\n") == 1, err
+    assert "returned nan on problem q1" in err and not out.exists() and not (user_files / ".cache").exists()
