@@ -54,6 +54,7 @@ import figures
 import reward as grader
 import problemset
 import rollout
+import task
 import tiny
 import tiny_parts
 from checkpoint import quiet_libraries, versions
@@ -245,9 +246,28 @@ class Sampler:
 # 2. One policy: every method, stage by stage over all problems
 
 
-def _graded(traces: list[Trace], gold: str) -> list[dict]:
-    return [{"answer": extract_answer(t.text), "correct": reward(t.text, gold) == 1.0,
-             "tokens": t.num_tokens, "truncated": t.truncated} for t in traces]
+def _graded(traces: list[Trace], problem, reward_fn=None) -> list[dict]:
+    """Each trace graded. The math task: its \\boxed{} answer, correct iff math-verify says it equals the gold. A
+    user's task (--reward): its reward r(x, y), correct iff r = 1; no answer (majority@k is the math task's)."""
+    if reward_fn is None:
+        return [{"answer": extract_answer(t.text), "correct": reward(t.text, problem.answer) == 1.0,
+                 "tokens": t.num_tokens, "truncated": t.truncated} for t in traces]
+    scores = [reward_fn(problem, t.text) for t in traces]
+    return [{"answer": None, "reward": r, "correct": r == 1.0, "tokens": t.num_tokens, "truncated": t.truncated}
+            for t, r in zip(traces, scores)]
+
+
+def _warn_if_not_binary(records: list[dict], label: str, reward_fn) -> None:
+    """One line when a user's reward gave values other than 0 and 1: pass@k and pass@1 count only r = 1 as solved."""
+    if reward_fn is None:
+        return
+    values = {s["reward"] for r in records for pool in r["pools"].values() for s in pool}
+    values |= {s["reward"] for r in records for runs in r.get("rsa", {}).values() for step in runs
+               for s in step["samples"]}
+    other = sorted(values - {0.0, 1.0})
+    if other:
+        print(f"warning: policy {label}: the reward gave values other than 0 and 1 (e.g. {other[0]:g}); pass@k and "
+              "pass@1 count a trace as solved only at 1", file=sys.stderr)
 
 
 def pool_sizes(cfg) -> dict[int, int]:
@@ -262,13 +282,14 @@ def pool_sizes(cfg) -> dict[int, int]:
     return need
 
 
-def evaluate_policy(problems, sampler: Sampler, cfg) -> list[dict]:
-    """Raw per-problem results of every method in cfg.methods (token counts included)."""
+def evaluate_policy(problems, sampler: Sampler, cfg, reward_fn=None) -> list[dict]:
+    """Raw per-problem results of every method in cfg.methods (token counts included); `reward_fn`: the task's
+    r(x, y) (None: the math grader)."""
     texts, n = [p.problem for p in problems], cfg.num_samples
     pools = {length: sampler.search(texts, count, length) for length, count in pool_sizes(cfg).items()}
     records = []
     for i, problem in enumerate(problems):
-        graded = {length: _graded(pool[i], problem.answer) for length, pool in pools.items()}
+        graded = {length: _graded(pool[i], problem, reward_fn) for length, pool in pools.items()}
         record = {"id": problem.id, "problem": problem.problem, "answer": problem.answer, "pools": graded}
         if "passk" in cfg.methods:
             correct = sum(s["correct"] for s in graded[cfg.max_new_tokens][:n])
@@ -293,7 +314,7 @@ def evaluate_policy(problems, sampler: Sampler, cfg) -> list[dict]:
             record = records[r % len(texts)]
             steps = []
             for step in history:
-                graded = _graded(step.traces, record["answer"])
+                graded = _graded(step.traces, problems[r % len(texts)], reward_fn)
                 steps.append({"step": step.step, "sets": step.sets_P_k,
                               "pass_at_1": float(np.mean([g["correct"] for g in graded])),
                               "tokens": sum(g["tokens"] for g in graded),
@@ -363,6 +384,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["auto", *rollout.DTYPES], default="auto",
                    help="auto: bf16 on a GPU, fp32 on a CPU")
     p.add_argument("--data", help="bundled name (math500, aime2024), a JSONL file, or a Hub dataset id")
+    p.add_argument("--data-columns", help="columns of --data: problem=COL,answer=COL,id=COL (as train.py's)")
+    p.add_argument("--reward", help="the task's reward r(x, y), MODULE:FUNCTION or PATH.py:FUNCTION (as train.py's); "
+                                    "a trace counts as solved iff r = 1, and majority@k (math answers) is left out")
     p.add_argument("--limit", type=int, help="evaluate the first N problems only")
     p.add_argument("--method", choices=[*METHODS, "all"], default="all")
     p.add_argument("--out", default="runs/eval/results.json", help="result JSON (the PNG goes next to it)")
@@ -397,6 +421,11 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(cfg, name, value)
     cfg.model_explicit = "model" in explicit
     cfg.methods = list(METHODS) if cfg.method == "all" else [cfg.method]
+    if cfg.reward is not None and "majority" in cfg.methods:  # votes need answers and their equivalence: math's
+        if cfg.method == "majority":
+            raise UsageError("--method majority with --reward: majority@k votes on \\boxed{} answers compared by "
+                             "math-verify, which are the math task's; use passk, rsa or sequential")
+        cfg.methods.remove("majority")  # said in run(), once the reward has passed its probe
     cli.validate_evaluation(cfg)
     return cfg
 
@@ -476,11 +505,19 @@ def load_policies(cfg) -> dict[str, dict]:
 def run(cfg) -> int:
     """Evaluate every policy on the same problems; write the JSON (atomically), print the tables, draw the PNG."""
     try:
-        problems = problemset.load_problems(cfg.data)[: cfg.limit]
+        columns = problemset.Columns.parse(cfg.data_columns)
+    except ValueError as e:
+        raise UsageError(f"--data-columns {e}") from None
+    try:
+        problems = problemset.load_problems(cfg.data, columns, need_answer=cfg.reward is None)[: cfg.limit]
     except Exception as e:  # missing file, malformed line, unreachable Hub: one line, no traceback
         raise UsageError(f"cannot load --data {cfg.data}: {e}") from None
     if not problems:
         raise UsageError(f"--data {cfg.data} holds no problems")
+    reward_fn = cli.task_reward(cfg.reward, problems)  # --reward: imported and probed on one problem now
+    if reward_fn is not None and cfg.method == "all":
+        print("evaluate.py: --reward: majority@k left out (it votes on \\boxed{} answers compared by math-verify, "
+              "which are the math task's)", file=sys.stderr)
     for model in dict.fromkeys(p["model"] for p in cfg.policies):
         try:  # as train.py: an unreachable or unknown Hub id fails in seconds, not after ~50 s of retries
             rollout.check_model(model)
@@ -501,13 +538,14 @@ def run(cfg) -> int:
                           label=f"policy {label} ({len(results) + 1} of {len(policies)})")
         before = grader.grader_stats()
         try:
-            records = evaluate_policy(problems, sampler, cfg)
+            records = evaluate_policy(problems, sampler, cfg, reward_fn)
         except RuntimeError as e:  # torch.multinomial on inf/nan probabilities: NaN weights, a huge lora_alpha
             if not re.search(r"\binf\b|\bnan\b", str(e)):
                 raise
             raise PolicyDiverged(f"policy {label}: sampling met non-finite probabilities (the model's logits "
                                  "overflow: a diverged adapter, or a lora_alpha too large for its weights)") from None
         stats = {k: v - before[k] for k, v in grader.grader_stats().items()}
+        _warn_if_not_binary(records, label, reward_fn)
         if stats["ungraded"]:
             print(f"warning: policy {label}: {stats['ungraded']} answers scored 0 without a verdict "
                   f"({stats['timeouts']} grader timeouts)", file=sys.stderr)
@@ -541,6 +579,10 @@ def main(argv=None) -> int:
         return 2
     except PolicyDiverged as e:
         print(f"evaluate.py: error: {e}; nothing was written to --out", file=sys.stderr)
+        return 1
+    except task.RewardError as e:  # the task's reward failed on a trace: the generated traces stay cached
+        print(f"evaluate.py: error: {e}; nothing was written to --out (the traces are cached: rerun once it is "
+              "fixed)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         where = f"; the traces generated so far are cached in {cfg.cache_dir}: rerun to continue" if cfg else ""

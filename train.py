@@ -48,6 +48,7 @@ import figures
 import rollout
 import setsample
 import spiral
+import task
 import tiny
 import tiny_parts
 from cli import ConfigError, validate
@@ -71,6 +72,11 @@ class TrainConfig:
     algo: Literal["spiral", "grpo"] = option("spiral", "spiral (Algorithm 1) or grpo (the baseline, equal budget)")
     model: str = option(rollout.DEFAULT_MODEL, "base model: a Hugging Face id, a local directory, or 'tiny'")
     data: str = option("math_train", "training problems: bundled set, JSONL file or Hub id (paper: POLARIS-53K)")
+    data_columns: str | None = option(None, "columns of --data: problem=COL,answer=COL,id=COL (the problem column "
+                                            "holds text or a chat prompt of one user message; default problem, "
+                                            "answer, id)")
+    reward: str | None = option(None, "the task's reward r(x, y), MODULE:FUNCTION or PATH.py:FUNCTION with signature "
+                                      "(problem, completion_text) -> float (default: the math grader, task.py)")
     steps: int = option(100, "optimiser steps, one batch of rollouts each")
     out: str | None = option(None, "run directory (default runs/<preset>-<algo>)")
     resume: bool = option(False, "continue the run in --out from its last checkpoint (--steps may grow)")
@@ -296,11 +302,13 @@ class ProblemStream:
         return {"epoch": self.epoch, "index": self.index, "sha256": self.sha256}
 
 
-def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng) -> spiral.Rollouts:
-    """Algorithm 1, lines 1-13 and 15's advantage (spiral.collect_spiral), or the GRPO baseline's rollouts."""
+def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng, reward_fn=None) -> spiral.Rollouts:
+    """Algorithm 1, lines 1-13 and 15's advantage (spiral.collect_spiral), or the GRPO baseline's rollouts; rewards
+    from `reward_fn`, the task's r(x, y) (None: the math grader)."""
     common = dict(batch_problems=cfg.batch_problems, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                   target_length=cfg.target_length, rng=np_rng, max_draws=cfg.max_draws,
-                  micro_batch_size=cfg.generation_batch_size, tokens_per_micro_batch=cfg.generation_tokens)
+                  micro_batch_size=cfg.generation_batch_size, tokens_per_micro_batch=cfg.generation_tokens,
+                  reward_fn=reward_fn)
     if cfg.algo == "grpo":
         return spiral.collect_grpo(model, tokenizer, stream, group_size=cfg.group_size, **common)
     aggregator = (lambda: use_adapter(model, "aggregator")) if cfg.separate_aggregator else None
@@ -311,8 +319,9 @@ def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng) -
                                  **common)
 
 
-def train(cfg: TrainConfig, problems) -> None:
-    """cfg.steps steps of: collect a batch (lines 1-13), one gradient step on it (lines 14-18), log, checkpoint."""
+def train(cfg: TrainConfig, problems, reward_fn=None) -> None:
+    """cfg.steps steps of: collect a batch (lines 1-13), one gradient step on it (lines 14-18), log, checkpoint.
+    `reward_fn`: the task's checked r(x, y) (task.resolve; None: the math grader)."""
     model, tokenizer, optimizer, stream, np_rng, start, base_path = start_run(cfg, problems)
     adapter_for_role = {"aggregation": "aggregator"} if cfg.separate_aggregator else {}
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
@@ -326,7 +335,7 @@ def train(cfg: TrainConfig, problems) -> None:
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         with torch.no_grad():  # Algorithm 1, lines 1-13: search, sets, aggregation, rewards, advantages
-            rollouts = collect(cfg, model, tokenizer, bar.counting(stream), np_rng)
+            rollouts = collect(cfg, model, tokenizer, bar.counting(stream), np_rng, reward_fn)
         t1 = time.perf_counter()
         fastgen.release()  # the fast sampler's KV arena goes back to the learner (no-op for the hf engine)
         bar.stage("gradient")
@@ -482,11 +491,18 @@ def main(argv: list[str] | None = None) -> int:
             saved = checkpoint.saved_config(explicit["out"])  # None: validate says "no checkpoint"
         cfg = resolve_config(explicit, saved)
         problems = validate(cfg)
+        reward_fn = cli.task_reward(cfg.reward, problems)  # --reward: imported and probed on one problem now
         checkpoint.lock_run_dir(cfg.out)  # one writer: a second train.py on OUT stops here, having written nothing
-        train(cfg, problems)
+        train(cfg, problems, reward_fn)
     except (ConfigError, checkpoint.CheckpointError) as exc:
         print(f"train.py: error: {exc}", file=sys.stderr)
         return 2
+    except task.RewardError as exc:  # the task's reward failed during training: its checkpoints stay good
+        exc.__traceback__ = exc.__context__ = None  # frees train()'s frame: its progress bar ends its line first
+        last = checkpoint.latest_checkpoint(cfg.out)
+        print(f"train.py: error: {exc}; stopped. " + (f"The last good checkpoint is {last}" if last else
+                                                      "No checkpoint was saved"), file=sys.stderr)
+        return 1
     except Diverged as exc:
         exc.__traceback__ = None  # frees train()'s frame, so its progress bar ends its line before this message
         rows, last = checkpoint.read_metrics(f"{cfg.out}/metrics.jsonl"), checkpoint.latest_checkpoint(cfg.out)
