@@ -186,3 +186,7 @@ def trl_rewards(functions: list, weights: list[float], prompt, completion: str, 
         raise RewardError(f"every reward function returned None for a completion of the prompt {str(prompt)[:60]!r}; "
                           "SPIRAL needs a reward for every trace")
     return sum(w * v for w, v in zip(weights, values) if not math.isnan(v)), values
+
+
+if __name__ == "__main__":  # a library (cli imports it, so no cli.library_main): print what it holds
+    print(__doc__)
