@@ -10,7 +10,9 @@ the methods of testtime.py; figures.plot_evaluation overlays the policies in one
     sequential  pass@1 vs max_new_tokens              figure "Comparison of models under scaling sequential compute"
 
 Every curve records the maximum token budget per problem (traces x max_new_tokens, the x-axis of "Comparison of
-inference compute scaling ... against token usage") and the tokens actually generated.
+inference compute scaling ... against token usage") and the tokens actually generated, by search traces and by
+aggregation traces apart. Set-level measures (testtime.py note 4) tell what sets of candidates held from what the
+aggregator made of them: the sets RSA step t drew over step t-1, measured without generating anything more.
 
 Choices where the paper is silent, or where this code departs from it (more in testtime.py):
  1. One pool of search traces per (problem, trace length L): pass@k, RSA step 1 and sequential at L =
@@ -26,6 +28,25 @@ Choices where the paper is silent, or where this code departs from it (more in t
     from trace 0 with the first run's seed (its traces come back the same). A trace depends on which problems share its
     call (--limit, --tokens-per-call, --micro-batch-size): every variant is a valid i.i.d. draw.
 
+The result JSON (--out), what a consumer may rely on. Every curve is a dict of equal-length lists over its x;
+tokens are generated tokens (EOS included) per problem, means over problems, cumulative over RSA steps; budget is
+the maximum (traces x max_new_tokens); null where nothing qualified:
+    written_by, config (flags after presets), versions, policies: {LABEL: {policy, grader, summary, problems}}
+    summary.passk         k, pass_at_k, budget, tokens, search_tokens, aggregation_tokens (zeros), max_new_tokens
+    summary.majority      k, accuracy, ties, votes, budget, tokens, search_tokens, aggregation_tokens, max_new_tokens
+    summary.sequential    max_new_tokens, pass_at_1, truncated, budget, tokens, search_tokens, aggregation_tokens
+    summary.rsa[i]        population, set_size, max_new_tokens, step (1..T), pass_at_1, budget, tokens =
+                          search_tokens (step 1's P traces) + aggregation_tokens (steps 2..t)
+    summary.sets.search   k, max_new_tokens, coverage (k-subsets of the pool holding a right trace: pass@k),
+                          distinct_answers (per k-subset; testtime.expected_distinct_answers)      [with passk]
+    summary.sets.rsa[i]   population, set_size, step (2..T); per step, testtime.set_measures of step t's P sets of
+                          the problems, each over step t-1's population: sets, coverage, distinct_answers,
+                          sets_by_correct[c], hits_by_correct[c], accuracy_by_correct[c] (c = 0..set_size right
+                          candidates), recovery (c = 0), minority (0 < 2c < set_size), against_plurality (and
+                          against_plurality_sets: sets with a right candidate whose most frequent answer is wrong),
+                          no_regression (c = set_size)                                              [with rsa]
+    problems[j]           per problem: pools, pass_at_k, majority, sequential, rsa {P: steps}, sets {search, rsa}
+
 Run:
     python evaluate.py --preset tiny                                                  # seconds on a CPU
     python evaluate.py --preset tiny --policy base=data/tiny_warmstart \\
@@ -36,11 +57,14 @@ Run:
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
+import operator
 import os
 import re
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +81,8 @@ import tiny_parts
 from checkpoint import quiet_libraries, versions
 from lora import ADAPTER_CONFIG, load_adapter, lora_parameters, read_adapter_config, use_adapter
 from reward import extract_answer, reward
-from testtime import derive_seed, majority_at_k, pass_at_k, recursive_self_aggregation
+from testtime import (SetCounts, cluster_answers, count_sets, derive_seed, expected_distinct_answers, majority_at_k,
+                      pass_at_k, recursive_self_aggregation, set_measures)
 from tracecache import Sampler, Trace, TraceCache, plan_calls  # noqa: F401  (plan_calls: evaluate.plan_calls)
 
 METHODS = ("passk", "majority", "rsa", "sequential")
@@ -117,7 +142,7 @@ def pool_sizes(cfg) -> dict[int, int]:
 
 
 def evaluate_policy(problems, sampler: Sampler, cfg) -> list[dict]:
-    """Raw per-problem results of every method in cfg.methods (token counts included)."""
+    """Raw per-problem results of every method in cfg.methods (token counts and set-level counts included)."""
     texts, n = [p.problem for p in problems], cfg.num_samples
     pools = {length: sampler.search(texts, count, length) for length, count in pool_sizes(cfg).items()}
     records = []
@@ -125,8 +150,12 @@ def evaluate_policy(problems, sampler: Sampler, cfg) -> list[dict]:
         graded = {length: _graded(pool[i], problem.answer) for length, pool in pools.items()}
         record = {"id": problem.id, "problem": problem.problem, "answer": problem.answer, "pools": graded}
         if "passk" in cfg.methods:
-            correct = sum(s["correct"] for s in graded[cfg.max_new_tokens][:n])
+            samples = graded[cfg.max_new_tokens][:n]
+            correct = sum(s["correct"] for s in samples)
             record["pass_at_k"] = {k: pass_at_k(n, correct, k) for k in cfg.k_list}
+            groups = cluster_answers([s["answer"] for s in samples])  # coverage@k of the pool is pass@k
+            record["sets"] = {"search": {"distinct_answers": {k: expected_distinct_answers(groups, k)
+                                                              for k in cfg.k_list}}}
         if "majority" in cfg.methods:
             samples = graded[cfg.majority_max_new_tokens][:n]
             rng = np.random.default_rng(derive_seed("majority", cfg.seed, problem.problem))
@@ -138,59 +167,110 @@ def evaluate_policy(problems, sampler: Sampler, cfg) -> list[dict]:
                                     for L in cfg.max_tokens_list}
         records.append(record)
     if "rsa" in cfg.methods:
-        runs = [(text, P) for P in cfg.rsa_populations for text in texts]  # every P and problem in one stage
-        histories = recursive_self_aggregation(
-            runs, set_size=cfg.rsa_set_size, steps=cfg.rsa_steps, seed=cfg.seed,
-            search=lambda r: pools[cfg.max_new_tokens][r % len(texts)][: runs[r][1]],
-            aggregate=lambda t, prompts_R: sampler.aggregate(t, prompts_R, cfg.max_new_tokens))
-        for r, history in enumerate(histories):
-            record = records[r % len(texts)]
-            steps = []
-            for step in history:
-                graded = _graded(step.traces, record["answer"])
-                steps.append({"step": step.step, "sets": step.sets_P_k,
-                              "pass_at_1": float(np.mean([g["correct"] for g in graded])),
-                              "tokens": sum(g["tokens"] for g in graded),
-                              "prompt_tokens": sum(t.prompt_tokens for t in step.traces), "samples": graded})
-            record.setdefault("rsa", {})[runs[r][1]] = steps
+        aggregate = lambda t, prompts_R: sampler.aggregate(t, prompts_R, cfg.max_new_tokens)  # noqa: E731
+        for record, (rsa, sets) in zip(records, run_rsa(problems, pools[cfg.max_new_tokens], aggregate, cfg)):
+            record["rsa"] = rsa
+            record.setdefault("sets", {})["rsa"] = sets
     return records
 
 
+def run_rsa(problems, pool: list[list[Trace]], aggregate, cfg) -> list[tuple[dict, dict]]:
+    """RSA at every population P of cfg, all problems in lockstep: step 1 is the first P traces of pool[i] (problem
+    i's search traces), steps >= 2 come from aggregate(t, prompts_R). Per problem: ({P: graded steps 1..T},
+    {P: SetCounts of steps 2..T, each over the sets of step t and the population of step t-1, as dicts})."""
+    texts = [p.problem for p in problems]
+    runs = [(text, P) for P in cfg.rsa_populations for text in texts]  # every P and problem in one stage
+    histories = recursive_self_aggregation(runs, set_size=cfg.rsa_set_size, steps=cfg.rsa_steps, seed=cfg.seed,
+                                           search=lambda r: pool[r % len(texts)][: runs[r][1]], aggregate=aggregate)
+    results = [({}, {}) for _ in problems]
+    for r, history in enumerate(histories):
+        steps, gold = [], problems[r % len(texts)].answer
+        for step in history:
+            graded = _graded(step.traces, gold)
+            steps.append({"step": step.step, "sets": step.sets_P_k,
+                          "pass_at_1": float(np.mean([g["correct"] for g in graded])),
+                          "tokens": sum(g["tokens"] for g in graded),
+                          "prompt_tokens": sum(t.prompt_tokens for t in step.traces), "samples": graded})
+        counts = [asdict(count_sets([s["correct"] for s in before["samples"]],
+                                    cluster_answers([s["answer"] for s in before["samples"]]),
+                                    after["sets"], [s["correct"] for s in after["samples"]]))
+                  for before, after in zip(steps, steps[1:])]
+        results[r % len(texts)][0][runs[r][1]], results[r % len(texts)][1][runs[r][1]] = steps, counts
+    return results
+
+
+def _mean(values) -> float:
+    return float(np.mean(list(values)))
+
+
 def summarize(records: list[dict], cfg) -> dict:
-    """Means over problems. tokens: generated per problem; budget: traces x max_new_tokens per problem."""
-    mean = lambda xs: float(np.mean(list(xs)))  # noqa: E731
+    """Means over problems. tokens: generated per problem (search_tokens + aggregation_tokens); budget: traces x
+    max_new_tokens per problem; sets: the set-level measures (module docstring, "The result JSON")."""
     n, summary = cfg.num_samples, {}
 
     def per_trace(length):  # mean tokens of one trace of the pool at this length
-        return mean(s["tokens"] for r in records for s in r["pools"][length][:n])
+        return _mean(s["tokens"] for r in records for s in r["pools"][length][:n])
 
     if "passk" in cfg.methods:
         L = cfg.max_new_tokens
         summary["passk"] = {"k": cfg.k_list,
-                            "pass_at_k": [mean(r["pass_at_k"][k] for r in records) for k in cfg.k_list],
+                            "pass_at_k": [_mean(r["pass_at_k"][k] for r in records) for k in cfg.k_list],
                             "tokens": [k * per_trace(L) for k in cfg.k_list], "budget": [k * L for k in cfg.k_list],
                             "max_new_tokens": L}
     if "majority" in cfg.methods:
         L, ks = cfg.majority_max_new_tokens, cfg.k_list
         summary["majority"] = {
-            "k": ks, "accuracy": [mean(r["majority"][k]["accuracy"] for r in records) for k in ks],
+            "k": ks, "accuracy": [_mean(r["majority"][k]["accuracy"] for r in records) for k in ks],
             "ties": [sum(r["majority"][k]["ties"] for r in records) for k in ks],
             "votes": [sum(r["majority"][k]["votes"] for r in records) for k in ks],
             "tokens": [k * per_trace(L) for k in ks], "budget": [k * L for k in ks], "max_new_tokens": L}
     if "rsa" in cfg.methods:
-        steps = list(range(1, cfg.rsa_steps + 1))
-        summary["rsa"] = [{
-            "population": P, "set_size": cfg.rsa_set_size, "step": steps, "max_new_tokens": cfg.max_new_tokens,
-            "pass_at_1": [mean(r["rsa"][P][t - 1]["pass_at_1"] for r in records) for t in steps],
-            "tokens": [mean(sum(s["tokens"] for s in r["rsa"][P][:t]) for r in records) for t in steps],  # cumulative
-            "budget": [P * t * cfg.max_new_tokens for t in steps]} for P in cfg.rsa_populations]
+        summary["rsa"] = rsa_curves(records, cfg)
     if "sequential" in cfg.methods:
         Ls = cfg.max_tokens_list
         summary["sequential"] = {
-            "max_new_tokens": Ls, "pass_at_1": [mean(r["sequential"][L]["pass_at_1"] for r in records) for L in Ls],
+            "max_new_tokens": Ls, "pass_at_1": [_mean(r["sequential"][L]["pass_at_1"] for r in records) for L in Ls],
             "tokens": [per_trace(L) for L in Ls],
-            "truncated": [mean(r["sequential"][L]["truncated"] / n for r in records) for L in Ls], "budget": Ls}
+            "truncated": [_mean(r["sequential"][L]["truncated"] / n for r in records) for L in Ls], "budget": Ls}
+    for curve in (summary.get(m) for m in ("passk", "majority", "sequential")):
+        if curve:  # every trace of these is a search trace
+            curve.update(search_tokens=list(curve["tokens"]), aggregation_tokens=[0.0] * len(curve["tokens"]))
+    if "passk" in cfg.methods or "rsa" in cfg.methods:
+        summary["sets"] = {}
+    if "passk" in cfg.methods:
+        distinct = [_mean(r["sets"]["search"]["distinct_answers"][k] for r in records) for k in cfg.k_list]
+        summary["sets"]["search"] = {"k": cfg.k_list, "max_new_tokens": cfg.max_new_tokens,
+                                     "coverage": summary["passk"]["pass_at_k"], "distinct_answers": distinct}
+    if "rsa" in cfg.methods:
+        summary["sets"]["rsa"] = rsa_set_measures(records, cfg)
     return summary
+
+
+def rsa_curves(records: list[dict], cfg) -> list[dict]:
+    """One curve per population P: pass@1 after each step, and the tokens generated through it (cumulative)."""
+    steps = list(range(1, cfg.rsa_steps + 1))
+    return [{"population": P, "set_size": cfg.rsa_set_size, "step": steps, "max_new_tokens": cfg.max_new_tokens,
+             "pass_at_1": [_mean(r["rsa"][P][t - 1]["pass_at_1"] for r in records) for t in steps],
+             "tokens": [_mean(sum(s["tokens"] for s in r["rsa"][P][:t]) for r in records) for t in steps],
+             "budget": [P * t * cfg.max_new_tokens for t in steps],
+             "search_tokens": [_mean(r["rsa"][P][0]["tokens"] for r in records)] * len(steps),  # step 1
+             "aggregation_tokens": [_mean(sum(s["tokens"] for s in r["rsa"][P][1:t]) for r in records)
+                                    for t in steps]}
+            for P in cfg.rsa_populations]
+
+
+def rsa_set_measures(records: list[dict], cfg) -> list[dict]:
+    """Per population P: testtime.set_measures of each step t >= 2 (its sets over step t-1), over all problems;
+    each field a list over the steps."""
+    curves = []
+    for P in cfg.rsa_populations:
+        per_step = [set_measures(functools.reduce(operator.add, (SetCounts(**r["sets"]["rsa"][P][t - 2])
+                                                                 for r in records)))
+                    for t in range(2, cfg.rsa_steps + 1)]
+        fields = set_measures(SetCounts([0] * (cfg.rsa_set_size + 1), [0] * (cfg.rsa_set_size + 1), 0, 0, 0))
+        curves.append({"population": P, "set_size": cfg.rsa_set_size, "step": list(range(2, cfg.rsa_steps + 1)),
+                       **{f: [m[f] for m in per_step] for f in fields}})
+    return curves
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -378,6 +458,7 @@ def run(cfg) -> int:
     os.replace(tmp, out)
     summaries = {label: r["summary"] for label, r in results.items()}
     print(figures.evaluation_table(summaries))
+    print(figures.set_table(summaries))
     print(f"\n{len(problems)} problems, {len(results)} policies; traces generated: {cache.generated}, read from the "
           f"cache {cache.root}: {cache.reused}; wrote {out}")
     figures.plot_evaluation(summaries, out.with_suffix(".png"), title=f"{cfg.data}, {len(problems)} problems")
