@@ -46,17 +46,27 @@ the maximum (traces x max_new_tokens); null where nothing qualified:
                           against_plurality_sets: sets with a right candidate whose most frequent answer is wrong),
                           no_regression (c = set_size)                                              [with rsa]
     problems[j]           per problem: pools, pass_at_k, majority, sequential, rsa {P: steps}, sets {search, rsa}
+    cross[i]              one per --cross pair, in command order ([] without): search and aggregator (the labels),
+                          grader, summary {rsa, sets: {rsa}} as a policy's, problems[j] {id, rsa, sets: {rsa}}
+
+Cross-aggregation (--cross A=B, --cross-all): RSA whose step 1 is policy A's search traces (the pool A's own RSA
+reads) and whose steps >= 2 are policy B's aggregation traces, so a table of search policy x aggregator policy
+says which half made a gain. Step 2 aggregates the very sets A's own RSA drew; B's traces are cached under keys
+naming A as well; a pair (A, A) is A's own RSA, read from the cache (nothing is generated for it).
 
 Run:
     python evaluate.py --preset tiny                                                  # seconds on a CPU
     python evaluate.py --preset tiny --policy base=data/tiny_warmstart \\
         --policy grpo=runs/tiny-grpo/adapter --policy spiral=runs/tiny-spiral/adapter  # the README's comparison
     python evaluate.py --policy base=Qwen/Qwen3-4B-Instruct-2507 --policy spiral=runs/paper-spiral/adapter
+    python evaluate.py --preset tiny --policy base=data/tiny_warmstart --policy spiral=runs/tiny-spiral/adapter \\
+        --cross-all                                   # + every search policy x aggregator policy pair
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import hashlib
 import json
@@ -199,6 +209,19 @@ def run_rsa(problems, pool: list[list[Trace]], aggregate, cfg) -> list[tuple[dic
     return results
 
 
+def cross_aggregate(problems, searcher: Sampler, aggregator: Sampler, cfg) -> list[dict]:
+    """Cross-aggregation: RSA whose step 1 is the searcher's search traces (its pool, as its own RSA reads it) and
+    whose steps >= 2 are the aggregator's (Algorithm 1's two halves from two policies, A = searcher, B =
+    aggregator). Step 2 draws the sets A's own RSA draws, so B aggregates the very sets A aggregated; B's traces are
+    cached under keys naming A too (tracecache.Sampler.aggregate). A pair (A, A) is A's own RSA, read from the cache.
+    Per problem: {id, rsa: {P: graded steps 1..T}, sets: {rsa: {P: SetCounts of steps 2..T}}}."""
+    pool = searcher.search([p.problem for p in problems], max(cfg.rsa_populations), cfg.max_new_tokens)
+    aggregate = lambda t, prompts_R: aggregator.aggregate(  # noqa: E731
+        t, prompts_R, cfg.max_new_tokens, search_identity=searcher.identity)
+    return [{"id": p.id, "rsa": rsa, "sets": {"rsa": sets}}
+            for p, (rsa, sets) in zip(problems, run_rsa(problems, pool, aggregate, cfg))]
+
+
 def _mean(values) -> float:
     return float(np.mean(list(values)))
 
@@ -322,6 +345,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="drop problems whose search prompt is longer, with a line saying so (train.py: 1024)")
     p.add_argument("--micro-batch-size", type=int,
                    help="sequences per model.generate (default: rollout.generate picks by token count)")
+    p.add_argument("--cross", action="append", metavar="SEARCH=AGGREGATOR",
+                   help="cross-aggregation (repeatable): RSA over policy SEARCH's search traces with policy "
+                        "AGGREGATOR's aggregation traces (steps >= 2), two --policy labels")
+    p.add_argument("--cross-all", nargs="?", const="", metavar="LABEL,LABEL,...",
+                   help="--cross for every ordered pair of these policies, each with itself included (its own RSA); "
+                        "no value: of every policy")
     cfg = p.parse_args(argv)
 
     explicit = {k for k, v in vars(cfg).items() if v is not None}
@@ -332,7 +361,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     cfg.model_explicit = "model" in explicit
     cfg.methods = list(METHODS) if cfg.method == "all" else [cfg.method]
     cli.validate_evaluation(cfg)
+    cfg.cross_pairs = _cross_pairs(cfg)
     return cfg
+
+
+def _cross_pairs(cfg) -> list[list[str]]:
+    """[[search label, aggregator label]] of --cross and --cross-all, in command order, each pair once."""
+    labels = [p["label"] for p in cfg.policies]
+    pairs = []
+    for spec in cfg.cross or []:
+        search, sep, aggregator = spec.partition("=")
+        if not (sep and search and aggregator):
+            raise UsageError(f"--cross {spec}: expected SEARCH=AGGREGATOR, two --policy labels")
+        pairs.append((f"--cross {spec}", [search, aggregator]))
+    if cfg.cross_all is not None:
+        chosen = cfg.cross_all.split(",") if cfg.cross_all else labels
+        pairs += [(f"--cross-all {cfg.cross_all}", [a, b]) for a in chosen for b in chosen]
+    for flag, pair in pairs:
+        for label in pair:
+            if label not in labels:
+                raise UsageError(f"{flag}: no policy is labelled {label!r} (the policies: {', '.join(labels)})")
+    if pairs and cfg.rsa_steps < 2:
+        raise UsageError(f"{pairs[0][0]}: cross-aggregation needs --rsa-steps of at least 2 (got {cfg.rsa_steps})")
+    if pairs and min(cfg.rsa_populations) < cfg.rsa_set_size:
+        raise UsageError(f"{pairs[0][0]}: RSA population P={min(cfg.rsa_populations)} is smaller than the set size "
+                         f"k={cfg.rsa_set_size}")
+    return [list(pair) for pair in dict.fromkeys(tuple(pair) for _, pair in pairs)]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -407,6 +461,23 @@ def load_policies(cfg) -> dict[str, dict]:
     return loaded
 
 
+def _graded_run(who: str, work):
+    """work()'s records and the grader's statistics while it ran; sampling that met inf/nan is PolicyDiverged."""
+    before = grader.grader_stats()
+    try:
+        records = work()
+    except RuntimeError as e:  # torch.multinomial on inf/nan probabilities: NaN weights, a huge lora_alpha
+        if not re.search(r"\binf\b|\bnan\b", str(e)):
+            raise
+        raise PolicyDiverged(f"{who}: sampling met non-finite probabilities (the model's logits overflow: a "
+                             "diverged adapter, or a lora_alpha too large for its weights)") from None
+    stats = {k: v - before[k] for k, v in grader.grader_stats().items()}
+    if stats["ungraded"]:
+        print(f"warning: {who}: {stats['ungraded']} answers scored 0 without a verdict ({stats['timeouts']} grader "
+              "timeouts)", file=sys.stderr)
+    return records, stats
+
+
 def run(cfg) -> int:
     """Evaluate every policy on the same problems; write the JSON (atomically), print the tables, draw the PNG."""
     try:
@@ -427,39 +498,39 @@ def run(cfg) -> int:
                                              for pol in policies.values()):
         print("warning: no GPU; a full-size model will be very slow on a CPU (--preset tiny runs in seconds)",
               file=sys.stderr)
-    cache, results = TraceCache(cfg.cache_dir), {}
+    cache, results, samplers = TraceCache(cfg.cache_dir), {}, {}
     for label, pol in policies.items():
-        sampler = Sampler(pol["model"], pol["tokenizer"], cache, pol["identity"], tokens_per_call=cfg.tokens_per_call,
-                          micro_batch_size=cfg.micro_batch_size, search_adapter=pol["search_adapter"],
-                          aggregation_adapter=pol["aggregation_adapter"],
-                          label=f"policy {label} ({len(results) + 1} of {len(policies)})")
-        before = grader.grader_stats()
-        try:
-            records = evaluate_policy(problems, sampler, cfg)
-        except RuntimeError as e:  # torch.multinomial on inf/nan probabilities: NaN weights, a huge lora_alpha
-            if not re.search(r"\binf\b|\bnan\b", str(e)):
-                raise
-            raise PolicyDiverged(f"policy {label}: sampling met non-finite probabilities (the model's logits "
-                                 "overflow: a diverged adapter, or a lora_alpha too large for its weights)") from None
-        stats = {k: v - before[k] for k, v in grader.grader_stats().items()}
-        if stats["ungraded"]:
-            print(f"warning: policy {label}: {stats['ungraded']} answers scored 0 without a verdict "
-                  f"({stats['timeouts']} grader timeouts)", file=sys.stderr)
+        samplers[label] = Sampler(pol["model"], pol["tokenizer"], cache, pol["identity"],
+                                  tokens_per_call=cfg.tokens_per_call, micro_batch_size=cfg.micro_batch_size,
+                                  search_adapter=pol["search_adapter"], aggregation_adapter=pol["aggregation_adapter"],
+                                  label=f"policy {label} ({len(samplers) + 1} of {len(policies)})")
+        records, stats = _graded_run(f"policy {label}", lambda: evaluate_policy(problems, samplers[label], cfg))
         results[label] = {"policy": pol["identity"], "summary": summarize(records, cfg), "grader": stats,
                           "problems": records}
+    cross = []
+    for i, (search, aggregator) in enumerate(cfg.cross_pairs):
+        sampler = copy.copy(samplers[aggregator])  # B's model and adapters, named as the pair in progress lines
+        sampler.label = f"cross {search} -> {aggregator} ({i + 1} of {len(cfg.cross_pairs)}): "
+        records, stats = _graded_run(f"cross {search} -> {aggregator}", lambda: cross_aggregate(
+            problems, samplers[search], sampler, cfg))
+        cross.append({"search": search, "aggregator": aggregator, "grader": stats,
+                      "summary": {"rsa": rsa_curves(records, cfg), "sets": {"rsa": rsa_set_measures(records, cfg)}},
+                      "problems": records})
 
     out = Path(cfg.out)
-    config = {k: v for k, v in vars(cfg).items() if k not in ("model_explicit", "policy", "adapter")}
+    config = {k: v for k, v in vars(cfg).items() if k not in ("model_explicit", "policy", "adapter", "cross",
+                                                              "cross_all")}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     device = next(next(iter(policies.values()))["model"].parameters()).device
     tmp.write_text(json.dumps({"written_by": "evaluate.py", "config": config, "versions": versions(device),
-                               "policies": results}, indent=1))
+                               "policies": results, "cross": cross}, indent=1))
     os.replace(tmp, out)
     summaries = {label: r["summary"] for label, r in results.items()}
     print(figures.evaluation_table(summaries))
     print(figures.set_table(summaries))
-    print(f"\n{len(problems)} problems, {len(results)} policies; traces generated: {cache.generated}, read from the "
+    print(figures.cross_table(cross))
+    print(f"\n{len(problems)} problems, {len(results)} policies, {len(cross)} cross pairs; traces generated: {cache.generated}, read from the "
           f"cache {cache.root}: {cache.reused}; wrote {out}")
     figures.plot_evaluation(summaries, out.with_suffix(".png"), title=f"{cfg.data}, {len(problems)} problems")
     return 0

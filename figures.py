@@ -437,6 +437,29 @@ def set_table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def cross_table(cross: list[dict]) -> str:
+    """evaluate.py's cross-aggregation as text: per RSA population, a matrix of pass@1 after the last step (rows:
+    the policy whose search traces step 1 held; columns: the policy that aggregated), then each pair's curve with the
+    tokens its search and its aggregation generated."""
+    lines = []
+    searchers = list(dict.fromkeys(c["search"] for c in cross))
+    aggregators = list(dict.fromkeys(c["aggregator"] for c in cross))
+    for i, first in enumerate(cross[0]["summary"]["rsa"] if cross else []):
+        T, P = first["step"][-1], first["population"]
+        at = {(c["search"], c["aggregator"]): c["summary"]["rsa"][i] for c in cross}
+        lines += [f"\ncross-aggregation, population P={P}, set size k={first['set_size']}: pass@1 after step {T} "
+                  "(rows: search policy, columns: aggregator policy)",
+                  "  ".join(f"{h:>14}" for h in ["search \\ agg", *aggregators])]
+        lines += ["  ".join([f"{a:>14}", *(f"{at[a, b]['pass_at_1'][-1]:>14.3f}" if (a, b) in at else f"{'-':>14}"
+                                           for b in aggregators)]) for a in searchers]
+        lines.append("  ".join(f"{h:>14}" for h in ["search -> agg", *(f"step {t}" for t in first["step"]),
+                                                     "search tok", "agg tok"]))
+        for (a, b), curve in at.items():
+            lines.append("  ".join([f"{a + ' -> ' + b:>14}", *(f"{v:>14.3f}" for v in curve["pass_at_1"]),
+                                    f"{curve['search_tokens'][-1]:>14.1f}", f"{curve['aggregation_tokens'][-1]:>14.1f}"]))
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
     import cli
 

@@ -70,6 +70,13 @@ class TraceCache:
         os.replace(tmp, path)  # write-then-rename: an interrupted run never leaves a torn file
 
 
+def seed_of(key: dict) -> str:
+    """The digest a job's sampling is seeded from: its cache key without the models' names. Why: a local model's
+    absolute path would make the samples depend on where the checkout lives (the same command gave other results in
+    another directory)."""
+    return digest({k: v for k, v in key.items() if k not in ("model", "search_model")})
+
+
 def plan_calls(sizes: list[int], per_call: int) -> list[list[int]]:
     """Consecutive job indices packed into calls of at most `per_call` traces (a bigger job gets a call alone)."""
     calls, current, used = [], [], 0
@@ -98,9 +105,7 @@ class Sampler:
         """Each job's traces; job = (cache key, the prompt of each trace). The missing ones are generated."""
         unique = {digest(key): (key, prompts) for key, prompts in jobs}  # a repeated problem is one job
         digests, keys, wanted = list(unique), [k for k, _ in unique.values()], [p for _, p in unique.values()]
-        # Seeds come from the key without the model's name: a local model's absolute path would make the samples
-        # depend on where the checkout lives (the same command gave other results in another directory).
-        seeds = [digest({k: v for k, v in key.items() if k != "model"}) for key in keys]
+        seeds = [seed_of(key) for key in keys]
         traces = [self.cache.read(key) for key in keys]
         self.cache.reused += sum(min(len(t), len(p)) for t, p in zip(traces, wanted))
         missing = sum(max(0, len(p) - len(t)) for t, p in zip(traces, wanted))
@@ -155,9 +160,18 @@ class Sampler:
         with self.search_adapter():
             return self._fill(jobs, max_new_tokens, f"search L={max_new_tokens}")
 
-    def aggregate(self, step: int, prompts_R: list[list[str]], max_new_tokens: int) -> list[list[Trace]]:
-        """One trace per Aggregation Trace Prompt, for every RSA run of one step; the key hashes the prompts."""
-        jobs = [({**self.identity, "stage": f"rsa-step{step}", "prompts": digest(prompts),
+    def aggregate(self, step: int, prompts_R: list[list[str]], max_new_tokens: int,
+                  search_identity: dict | None = None) -> list[list[Trace]]:
+        """One trace per Aggregation Trace Prompt, for every RSA run of one step; the key hashes the prompts.
+
+        search_identity: the policy whose search traces step 1 held, where it is another policy (cross-aggregation);
+        the key names it, so these draws are not this policy's own RSA draws. Its own identity adds nothing: a pair
+        (A, A) is A's own RSA, cached under the same keys.
+        """
+        crossed = {} if search_identity in (None, self.identity) else {
+            "search": {k: v for k, v in search_identity.items() if k != "model"}, "search_model":
+            search_identity["model"]}
+        jobs = [({**self.identity, **crossed, "stage": f"rsa-step{step}", "prompts": digest(prompts),
                   "max_new_tokens": max_new_tokens}, prompts) for prompts in prompts_R]
         with self.aggregation_adapter():
             return self._fill(jobs, max_new_tokens, f"RSA step {step}")
