@@ -263,7 +263,7 @@ def summarize(records: list[dict], cfg) -> dict:
     if "passk" in cfg.methods:
         distinct = [_mean(r["sets"]["search"]["distinct_answers"][k] for r in records) for k in cfg.k_list]
         summary["sets"]["search"] = {"k": cfg.k_list, "max_new_tokens": cfg.max_new_tokens,
-                                     "coverage": summary["passk"]["pass_at_k"], "distinct_answers": distinct}
+                                     "coverage": list(summary["passk"]["pass_at_k"]), "distinct_answers": distinct}
     if "rsa" in cfg.methods:
         summary["sets"]["rsa"] = rsa_set_measures(records, cfg)
     return summary
