@@ -188,5 +188,13 @@ def trl_rewards(functions: list, weights: list[float], prompt, completion: str, 
     return sum(w * v for w, v in zip(weights, values) if not math.isnan(v)), values
 
 
+def warn_if_not_binary(rewards, who: str) -> None:
+    """One line on stderr when a task's rewards were not all 0 or 1 (evaluation counts a trace as solved at r = 1)."""
+    other = sorted(set(rewards) - {0.0, 1.0})
+    if other:
+        print(f"warning: {who}: the reward gave values other than 0 and 1 (e.g. {other[0]:g}); pass@k and pass@1 "
+              "count a trace as solved only at 1", file=sys.stderr)
+
+
 if __name__ == "__main__":  # a library (cli imports it, so no cli.library_main): print what it holds
     print(__doc__)

@@ -5,6 +5,7 @@ import importlib.util
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 from fractions import Fraction

@@ -276,7 +276,7 @@ def test_evaluate_py_grades_with_the_user_s_reward_and_leaves_majority_out(user_
     assert evaluate.main(flags) == 0
     assert "majority@k left out" in capsys.readouterr().err
     result = json.loads(out.read_text())["policies"]["base"]
-    assert set(result["summary"]) == {"passk", "rsa", "sequential"}
+    assert set(result["summary"]) == {"passk", "rsa", "sequential", "sets"}  # no majority
     for record in result["problems"]:
         pool = record["pools"]["6"]
         assert all(s["correct"] == (s["reward"] == 1.0) and s["answer"] is None for s in pool)
@@ -304,11 +304,10 @@ def test_the_default_task_is_the_math_grader_on_the_answer_column():
 def test_evaluate_names_a_reward_that_is_not_0_or_1(capsys):
     """pass@k counts only r = 1 as solved: a reward of 0.5 is said in one warning line, a 0/1 reward is not."""
     records = [{"pools": {6: [{"reward": 1.0}, {"reward": 0.0}]}, "rsa": {4: [{"samples": [{"reward": 0.5}]}]}}]
-    evaluate._warn_if_not_binary(records, "base", reward_fn=len)
-    assert "the reward gave values other than 0 and 1 (e.g. 0.5)" in capsys.readouterr().err
+    task.warn_if_not_binary(evaluate._rewards(records), "policy base")
+    assert "policy base: the reward gave values other than 0 and 1 (e.g. 0.5)" in capsys.readouterr().err
     records[0]["rsa"][4][0]["samples"][0]["reward"] = 1.0
-    evaluate._warn_if_not_binary(records, "base", reward_fn=len)
-    evaluate._warn_if_not_binary(records, "base", reward_fn=None)
+    task.warn_if_not_binary(evaluate._rewards(records), "policy base")
     assert capsys.readouterr().err == ""
 
 
