@@ -82,11 +82,12 @@ def count_attention_bytes(totals: list):
 
 
 def started_call(engine, model, prompt_lengths: list[int], shape) -> tuple:
-    """(weights, [cache, state, graphs]): `engine`'s call of `shape` for prompts of these lengths, set up as
-    fastgen.sample_micro_batch sets one up (adapter "default", EOS ids [1, 2], temperature 1), its state started."""
+    """(weights, fastgen.Call (cache, state, graphs)): `engine`'s call of `shape` for prompts of these lengths, set up
+    as fastgen.sample_micro_batch sets one up (EOS ids [1, 2], temperature 1), its state started, its suffix cleared."""
     w = engine.weights(model)
-    call = engine.call(w, shape, 2, ("default",))
-    call[1].start(shape, prompt_lengths, 1.0, [1, 2], w.kv_heads)
+    call = engine.call(w, shape, 2)
+    call.state.start(shape, prompt_lengths, 1.0, [1, 2], w.kv_heads)
+    call.cache.clear_suffix()
     return w, call
 
 
@@ -183,7 +184,7 @@ def cuda_checks() -> dict:
                     worst = max(worst, float((lp.cpu() - torch.tensor(c.logprobs)).abs().max()))
         out[f"tiny_{str(dtype)[6:]}_max_logprob_error_vs_teacher_forcing"] = worst
         out[f"tiny_{str(dtype)[6:]}_captures"] = fastgen._ENGINE[0].captures
-        fastgen.release()
+        fastgen.reset()
     return out
 
 
@@ -358,7 +359,7 @@ def recorded(results: dict, key: str, measure, save=None) -> None:
 
         traceback.print_exc()
         results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        fastgen.release()
+        fastgen.reset()
     if save:
         save()
 
@@ -460,10 +461,10 @@ def main(argv=None) -> int:
                 fastgen.FUSE = fuse
                 recorded(results, f"profile_fuse_{fuse}",
                          lambda: profile_step(model, tokenizer, shapes["search"], max(new_tokens)), save)
-                fastgen.release()
+                fastgen.reset()  # the next setting captures its own graphs
         chosen = {k: v for k, v in shapes.items() if k in args.shapes.split(",")}
         recorded(results, "rows", lambda: gpu_rows(model, tokenizer, floors, new_tokens, chosen), save)
-        fastgen.release()
+        fastgen.reset()
         scale = bench.SCALES[args.size]
         if args.hf_baseline:  # benchmarks/bench.py's row 2 with the Hugging Face engine, search shape
             import dataclasses
