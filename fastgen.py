@@ -385,7 +385,7 @@ class Engine:
         if suffix_len in graphs:
             return graphs[suffix_len].replay()
         t0 = time.perf_counter()
-        if not any(g for _, kept in self.calls.values() for g in kept.values()):  # the pool went with the graphs
+        if not any(kept for _, kept in self.calls.values()):  # no graph alive: CUDA freed their pool with them
             self.graph_pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

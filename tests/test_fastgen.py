@@ -466,6 +466,21 @@ def test_stacked_lora_equals_each_projection_alone(adapted):
     assert one_step_matmuls(adapted) - base == layers * (4 + 7)  # A: qkv, o, gate-up, down; B: one per projection
 
 
+def test_decode_benchmark_counts_the_kernels_of_a_step(adapted):
+    """benchmarks/decode.py --kernels' counter on the tiny model: the matmuls counted here, two attention calls and
+    five compiled chains a layer counted as one kernel each (as a CUDA graph launches them), views not counted."""
+    from test_decode_bench import load
+
+    decode = load("decode")
+    shape = fastgen.CallShape.of([7, 10], copies=2, max_new_tokens=20)
+    counted = decode.step_kernels(adapted, [7, 10], shape)
+    layers, ops = len(adapted.model.layers), counted["by_op"]
+    assert ops["attention"] == 2 * layers  # the CPU attention's two matmuls counted as its one kernel
+    assert counted["matmuls"] + 2 * ops["attention"] == one_step_matmuls(adapted)
+    assert ops["fused_rms_norm_fn"] == 4 * layers + 1 and ops["fused_rotate"] == 2 * layers
+    assert "view" not in ops and "t" not in ops and counted["kernels"] == sum(ops.values())
+
+
 def test_adapter_named_as_evaluate_names_it_with_its_own_scale(adapted, tokenizer):
     """An adapter named `policy:<label>` (evaluate.py's names) with alpha / r unlike the "default" adapter's, active:
     the same Completions as the reference (the scale read from the active adapter, not from "default")."""
@@ -481,8 +496,8 @@ def test_adapter_named_as_evaluate_names_it_with_its_own_scale(adapted, tokenize
 
 def test_each_adapter_and_each_rank_has_its_own_graphs(adapted, tokenizer, monkeypatch):
     """Graphs are keyed by what they read: the aggregator adapter does not replay the search adapter's graphs (a
-    second set is counted), a repeat of either captures none, and an adapter re-made with another rank under the
-    same name gets new buffers and new graphs; every call samples as the reference does."""
+    second set is counted), a repeat of either captures none, an adapter re-made with another rank under the same
+    name gets new buffers and new graphs, and so does a new LoRA scale; every call samples as the reference does."""
     monkeypatch.setattr(fastgen, "SUFFIX_BUCKET", 4)
     model = copy.deepcopy(adapted)
     params = lora.add_lora(model, rank=4, alpha=8.0, adapter_name="aggregator")
@@ -507,6 +522,12 @@ def test_each_adapter_and_each_rank_has_its_own_graphs(adapted, tokenizer, monke
         same_completions(run(model, tokenizer, "fast", seed=3, micro_batch_size=9),
                          run(model, tokenizer, "hf", seed=3, micro_batch_size=9))
     assert fastgen._ENGINE[0].captures == 9
+    for _, m in lora.lora_modules(model):  # the same buffers with another alpha / r: a graph bakes the scale in
+        m.scaling["aggregator"] = 3.0
+    with lora.use_adapter(model, "aggregator"):
+        same_completions(run(model, tokenizer, "fast", seed=3, micro_batch_size=9),
+                         run(model, tokenizer, "hf", seed=3, micro_batch_size=9))
+    assert fastgen._ENGINE[0].captures == 12
 
 
 def test_call_keys_keep_the_most_recent(adapted, tokenizer):
