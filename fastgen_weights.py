@@ -135,7 +135,8 @@ def supports(model) -> str:
     if layers is None:
         return f"fast generation reads model.model.layers of a Qwen3ForCausalLM; {type(model).__name__} has none"
     try:
-        paths = [(f"model.layers.{i}.{p}", layer.get_submodule(p)) for i, layer in enumerate(layers) for p in PROJECTIONS]
+        paths = [(f"model.layers.{i}.{p}", layer.get_submodule(p))
+                 for i, layer in enumerate(layers) for p in PROJECTIONS]
     except AttributeError as e:
         return f"fast generation reads Qwen3's decoder layers; {e}"
     for path, module in paths + [("lm_head", model.lm_head)]:
