@@ -337,7 +337,7 @@ def train(cfg: TrainConfig, problems, reward_fn=None) -> None:
         with torch.no_grad():  # Algorithm 1, lines 1-13: search, sets, aggregation, rewards, advantages
             rollouts = collect(cfg, model, tokenizer, bar.counting(stream), np_rng, reward_fn)
         t1 = time.perf_counter()
-        fastgen.release()  # the fast sampler's KV arena goes back to the learner (no-op for the hf engine)
+        fastgen.release()  # the KV arena goes to the learner; fastgen keeps its graphs for the next step (hf: no-op)
         bar.stage("gradient")
         # Algorithm 1, lines 14-18: g = (1/|B|) sum_x [g_set(x) + g_std(x)], then one AdamW step along it.
         C = loss_normalizer(cfg, rollouts.metrics["problems_kept"])
