@@ -199,3 +199,7 @@ class AdapterBuffers:
         attn = inner.layers[0].self_attn
         return Weights(inner.embed_tokens.weight, layers, inner.norm, self.linear(model.lm_head), inner.rotary_emb,
                        model.config.num_key_value_heads, attn.head_dim, attn.scaling)
+
+
+if __name__ == "__main__":  # a library (fastgen imports it): --help prints what it holds; nothing runs
+    print(__doc__)
