@@ -87,8 +87,8 @@ from bench_cpu import (CopyCounter, logprob_worker, measure_decode, naive_comple
 from bench_gpu import (GPU_MEASUREMENTS, SCALES, Scale, measure_aggregation, measure_generate,  # noqa: E402,F401
                        measure_spiral_step, measure_train_step, print_result, run_gpu_part)
 from bench_kit import (GB, MODEL_CONFIGS, QWEN3_4B, TOY, Meter, attention_flops, build_policy,  # noqa: E402,F401
-                       decoder_matmul_params, kv_bytes_per_token, lora_params, measure_floors, random_words,
-                       synthetic_tokenizer, train_step_flops, weight_bytes)
+                       decoder_matmul_params, grouped_step_flops, kv_bytes_per_token, lora_params, measure_floors,
+                       random_words, synthetic_tokenizer, train_step_flops, weight_bytes)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
