@@ -20,8 +20,10 @@ for path in (os.path.dirname(HERE), HERE):
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from torch.nn.attention import SDPBackend  # noqa: E402
 
 import fastgen  # noqa: E402
+import logprobs  # noqa: E402
 import lora  # noqa: E402
 import problemset  # noqa: E402
 import rollout  # noqa: E402
@@ -82,9 +84,13 @@ def measure_train_step(model, tokenizer, scale: Scale, device: str, floors: dict
     sample = spiral.Sample(prompt_ids, completion_ids, [-math.log(V)] * len(completion_ids), 1.0, "aggregation")
     T = len(prompt_ids) + len(completion_ids)
     defaults = train.TrainConfig()
+    # Row 1 as measured on 2026-11-25: the per-sample path, flash attention unless a caller (decode.py --mfu) adds
+    # cuDNN to logprobs.ATTENTION_BACKENDS. The learner's own variants are measure_learner's.
+    cudnn = SDPBackend.CUDNN_ATTENTION in logprobs.ATTENTION_BACKENDS
     kwargs = dict(loss_normalizer=float(len(completion_ids)), temperature=1.0,
                   micro_batch_tokens=max(defaults.micro_batch_tokens, T), chunk_size=defaults.logprob_chunk_size,
-                  pad_token_id=tokenizer.pad_token_id)
+                  pad_token_id=tokenizer.pad_token_id, learner="per-sample",
+                  learner_attention="cudnn" if cudnn else "flash")
     optimizer = torch.optim.AdamW(lora.lora_parameters(model), lr=1e-9)
     model.train()
     train.train_step(model, optimizer, [sample], **kwargs)  # warm-up; allocates AdamW's state as in training
@@ -362,7 +368,6 @@ def measure_train_py_step(model, tokenizer, scale: Scale, device: str, floors: d
     import tempfile
 
     import checkpoint
-    import problemset
 
     rng = np.random.default_rng(5)
     name = f"bench-{size}-random"
@@ -463,7 +468,8 @@ def print_result(key: str, r: dict) -> None:
         if "error" in r:
             print(f"[learner {r['key']}] error: {r['error']}", flush=True)
             return
-        print(f"[learner {r['key']}] {r['prompt_tokens']:,} + {r['completions_trained']} x {r['completion_tokens']:,} tokens: "
+        print(f"[learner {r['key']}] {r['prompt_tokens']:,} + {r['completions_trained']} x "
+              f"{r['completion_tokens']:,} tokens: "
               f"{r['seconds']:.2f} s{_vs_model(r['seconds'], r.get('model_seconds'))}, peak "
               f"{r['peak_memory_GB']:.1f} GB, MFU {100 * r['mfu']:.1f}% ({r['model_TFLOP']:.4g} model TFLOP)",
               flush=True)

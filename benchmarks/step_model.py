@@ -163,8 +163,9 @@ def spiral_step(f: Fit, problems: int = 8, new_tokens: int = NEW_TOKENS, kernel:
     """Seconds per stage of one SPIRAL step (today: per-sample learner; and with the grouped learner), and floors."""
     search = f.call_s(problems, SEARCH_PROMPT, 8, new_tokens, "search", captures)
     calls = aggregation_calls(problems)
-    aggregation = sum(f.call_s(p, AGGREGATION_PROMPT, 4, new_tokens, "aggregation", captures and (i == 0 or p != calls[0]))
-                      for i, p in enumerate(calls))
+    # a call of a new shape captures its graphs (today every step: fastgen.release() drops them after a collection)
+    aggregation = sum(f.call_s(p, AGGREGATION_PROMPT, 4, new_tokens, "aggregation",
+                               captures and (i == 0 or p != calls[0])) for i, p in enumerate(calls))
     groups = spiral_groups(problems, new_tokens)
     per_sample, flops_old = learner_s(f, groups, kernel, grouped=False)
     grouped, flops_new = learner_s(f, groups, kernel, grouped=True)
@@ -228,7 +229,8 @@ def main() -> int:
         print(f"  check {name}: measured {measured:.1f} s, model {predicted:.1f} s ({predicted / measured - 1:+.1%})")
     for kernel in ("flash", "cudnn"):
         s, g = spiral_step(f, kernel=kernel), grpo_step(f, kernel=kernel)
-        print(f"SPIRAL step at train.py's defaults, learner attention {kernel} (computed): search {s['search_s']:.0f} s, "
+        print(f"SPIRAL step at train.py's defaults, learner attention {kernel} (computed): "
+              f"search {s['search_s']:.0f} s, "
               f"aggregation {s['aggregation_s']:.0f} s (calls of {' + '.join(map(str, s['aggregation_calls']))} "
               f"prompts x 4), learner {s['learner_per_sample_s']:.0f} s per sample "
               f"({s['learner_PFLOP_per_sample']:.1f} PFLOP) / {s['learner_grouped_s']:.0f} s grouped "

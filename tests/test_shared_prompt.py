@@ -139,6 +139,11 @@ def test_a_packed_row_continues_each_completion_from_its_prompt():
     assert batch.target_N.tolist() == [20, 21, 30, 50, 51]
 
 
+def test_samples_group_by_equal_prompts_in_order_of_first_appearance():
+    a1, b1, a2, c1, b2 = (spiral.Sample(p, [9], [0.0], 1.0, "search") for p in ([1, 2], [3], [1, 2], [1], [3]))
+    assert shared_prompt.group_by_prompt([a1, b1, a2, c1, b2]) == [[a1, a2], [b1, b2], [c1]]
+
+
 def test_a_completion_never_sees_its_siblings(tiny):
     """Changing one completion's tokens leaves every other completion's log-probs exactly as they were."""
     model = _lora_model(tiny, seed=3, checkpointing=False).eval()
