@@ -7,7 +7,8 @@ backward pass holds one chunk's logits at a time: O(chunk x V) memory, not O(T x
 21k-token aggregation sample would need 12 GB of fp32 logits). Any transformers causal LM whose logits are
 head(last hidden state): decoder and head come from its own get_decoder() / get_output_embeddings(); a model that
 post-processes its logits (Gemma-2's soft-capping, Granite's scaling, ...) is refused, never silently mis-scored.
-Only torch is imported.
+This is the per-sample path (one row per sample), the reference; shared_prompt.py runs each prompt once for all its
+completions and shares the output head's part (head_logprobs). Only torch is imported.
 """
 
 from __future__ import annotations
