@@ -88,7 +88,7 @@ from bench_gpu import (GPU_MEASUREMENTS, SCALES, Scale, measure_aggregation, mea
                        measure_spiral_step, measure_train_step, print_result, run_gpu_part)
 from bench_kit import (GB, MODEL_CONFIGS, QWEN3_4B, TOY, Meter, attention_flops, build_policy,  # noqa: E402,F401
                        decoder_matmul_params, grouped_step_flops, kv_bytes_per_token, lora_params, measure_floors,
-                       random_words, synthetic_tokenizer, train_step_flops, weight_bytes)
+                       random_words, synthetic_tokenizer, train_step_flops, weight_bytes, write_json)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -245,19 +245,12 @@ def _main(argv: list[str] | None) -> int:
         if args.size == "4b" and not device.startswith("cuda"):
             print("bench.py: error: --size 4b needs --device cuda (use --size toy on CPU)", file=sys.stderr)
             return 2
-        results = run_gpu_part(args, save=lambda partial: write_json(args.json, partial) if args.json else None)
+        results = run_gpu_part(args)  # writes --json after every measurement too
     if args.json:
         write_json(args.json, results)
         print(f"bench.py: wrote {args.json}")
     return 0
 
-
-def write_json(path: str, results: dict) -> None:
-    """Through a temporary file and a rename: a kill in mid-write leaves the last whole file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({"written_by": "bench.py", **results}, f, indent=2)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

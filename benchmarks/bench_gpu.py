@@ -31,7 +31,7 @@ import spiral  # noqa: E402
 import train  # noqa: E402
 from bench_kit import (GB, SPECIAL_TOKENS, Meter, build_policy, datasheet_tflops, floor_seconds,  # noqa: E402
                        grouped_step_flops, kv_bytes_per_token, lora_params, measure_floors, prefill_flops,
-                       random_words, train_step_flops, weight_bytes)
+                       random_words, train_step_flops, weight_bytes, write_json)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -407,7 +407,7 @@ GPU_MEASUREMENTS = {"train": measure_train_step, "generate": measure_generate, "
                     "aggregation_call": measure_aggregation_call, "train_py": measure_train_py_step}
 
 
-def run_gpu_part(args, save=None) -> dict:
+def run_gpu_part(args) -> dict:
     device = args.device or "cuda"
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     scale = dataclasses.replace(SCALES[args.size])
@@ -450,8 +450,8 @@ def run_gpu_part(args, save=None) -> dict:
             results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             fastgen.release()
         print_result(key, results[key])
-        if save:
-            save(results)  # after every measurement: a run cut short keeps what it measured
+        if args.json:
+            write_json(args.json, results)  # after every measurement: a run cut short keeps what it measured
     return results
 
 

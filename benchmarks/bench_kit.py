@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import json
 import os
 import re
 import resource
@@ -172,6 +173,14 @@ def measure_floors(device: str, dtype: torch.dtype, size: str) -> dict:
     del src, dst, a, b
     return {"copy_bandwidth_GBps": 2 * n_bytes / copy_s / GB, "matmul_TFLOPs": 2 * n ** 3 / matmul_s / 1e12,
             "matmul_dtype": str(dtype).replace("torch.", "")}
+
+
+def write_json(path: str, results: dict) -> None:
+    """bench.py's --json: through a temporary file and a rename, so a kill in mid-write leaves the last whole file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"written_by": "bench.py", **results}, f, indent=2)
+    os.replace(tmp, path)
 
 
 def floor_seconds(bytes_read: float, flops: float, floors: dict) -> float:
