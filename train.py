@@ -186,17 +186,17 @@ def loss_normalizer(cfg: TrainConfig, problems_kept: int) -> float:
     return max(problems_kept, 1) * token_budget_per_problem(cfg)
 
 
-def importance_sampling_loss(logprobs_N, sampler_logprobs_N, adv_N, normalizer: float):
+def importance_sampling_loss(logprobs_T, sampler_logprobs_T, adv_T, normalizer: float):
     """REINFORCE with importance sampling (Tinker's `importance_sampling` loss), flat over tokens:
 
         loss = -(1/C) sum_t exp(log pi_theta(y_t) - log pi_sampler(y_t)) A_t
 
     At ratio 1 its gradient is (1/C) sum_samples A(y) grad log pi_theta(y): search samples (A = A#_marg) sum to
     g_set(x) (line 14), aggregation samples (A = r - set mean) to g_std(x) (line 15), one sum is line 16, and C
-    holds line 18's 1/|B|. The ratio corrects for sampler and learner numerics differing. Returns (loss, ratio_N).
+    holds line 18's 1/|B|. The ratio corrects for sampler and learner numerics differing. Returns (loss, ratio_T).
     """
-    ratio_N = torch.exp(logprobs_N - sampler_logprobs_N)  # (N,)
-    return -(ratio_N * adv_N).sum() / normalizer, ratio_N
+    ratio_T = torch.exp(logprobs_T - sampler_logprobs_T)  # (T,)
+    return -(ratio_T * adv_T).sum() / normalizer, ratio_T
 
 
 def pack_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -244,17 +244,17 @@ def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature:
                 (shared_prompt.sharing_prompts(model) if grouped else contextlib.nullcontext()):
             for micro, forward in _micro_batches(model, group, grouped, micro_batch_tokens, pad_token_id, device,
                                                  temperature, chunk_size, backends):
-                logprobs_N, entropy_N = forward()  # (N,), (N,) sample after sample, in the order of `micro`
-                sampler_N = torch.tensor([lp for s in micro for lp in s.sampler_logprobs], device=device)  # (N,)
+                logprobs_T, entropy_T = forward()  # (T,), (T,) sample after sample, in the order of `micro`
+                sampler_T = torch.tensor([lp for s in micro for lp in s.sampler_logprobs], device=device)  # (T,)
                 lengths_b = torch.tensor([len(s.completion_ids) for s in micro], device=device)  # (b,)
                 adv_b = torch.tensor([s.advantage for s in micro], device=device, dtype=torch.float32)  # (b,)
-                adv_N = torch.repeat_interleave(adv_b, lengths_b)  # (N,): every token carries its sample's A
-                loss, ratio_N = importance_sampling_loss(logprobs_N, sampler_N, adv_N, loss_normalizer)
+                adv_T = torch.repeat_interleave(adv_b, lengths_b)  # (T,): every token carries its sample's A
+                loss, ratio_T = importance_sampling_loss(logprobs_T, sampler_T, adv_T, loss_normalizer)
                 loss.backward()
                 loss_sum += loss.item()
-                ratios.append(ratio_N.detach())
+                ratios.append(ratio_T.detach())
                 tokens += sum(len(s.prompt_ids) + len(s.completion_ids) for s in micro)  # the samples' own tokens
-                for s, ent in zip(micro, torch.split(entropy_N, lengths_b.tolist())):
+                for s, ent in zip(micro, torch.split(entropy_T, lengths_b.tolist())):
                     entropy_by_role.setdefault(s.role, []).append(ent)
 
     return loss_metrics(loss_sum, len(trained), tokens, ratios, entropy_by_role)
@@ -280,8 +280,8 @@ def _micro_batches(model, samples, grouped: bool, max_tokens: int, pad_token_id:
 def loss_metrics(loss_sum: float, samples_trained: int, tokens_trained: int, ratios: list, entropy_by_role: dict
                  ) -> dict[str, float]:
     """The train/* columns of a step (trl_spiral.py writes the same): the loss summed over micro-batches, what was
-    trained, the importance ratio over the trained tokens (`ratios`: (N,) tensors) and each role's mean entropy
-    (`entropy_by_role`: role -> (N,) tensors; a role with no token gets no column)."""
+    trained, the importance ratio over the trained tokens (`ratios`: (T,) tensors) and each role's mean entropy
+    (`entropy_by_role`: role -> (T,) tensors; a role with no token gets no column)."""
     metrics = {"train/loss": loss_sum, "train/samples_trained": samples_trained, "train/tokens_trained": tokens_trained}
     ratio_all = torch.cat(ratios) if ratios else torch.zeros(0)
     if ratio_all.numel():
