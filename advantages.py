@@ -257,3 +257,7 @@ def flat_group_advantages(prompt_ids, rewards, normalize_std=False):
         rows = rows[np.argsort(rewards_R[rows], kind="stable")]
         adv_R[rows] = group_advantages(rewards_R[rows], normalize_std)
     return adv_R
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (copied alone, it imports numpy only)
+    print(__doc__)

@@ -64,3 +64,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     """Full softmax attention in float64 over every key at once: what the tests compare `attend` + `merge` with."""
     scores = torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale + bias.double()
     return torch.matmul(torch.softmax(scores, dim=-1), v.double())
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (copied alone, it imports torch only)
+    print(__doc__)

@@ -3,7 +3,7 @@
     OUT/config.json                  the TrainConfig of the run, and the versions it started on (`versions`)
     OUT/metrics.jsonl                one JSON object per step
     OUT/adapter/                     the latest adapters, PEFT format (lora.py); aggregator/ for the two-model variant
-    OUT/base/                        the base model, only for the code-built --model tiny
+    OUT/base/                        the base model, only for the code-built --model tiny (and BASE_RECORD)
     OUT/checkpoint/step-NNNNNN/      adapter/, optimizer.pt, rng.pt, trainer_state.json (step, data, config, versions)
     OUT/checkpoint/latest            one line naming the newest complete step directory
 
@@ -300,6 +300,8 @@ def out_dir_problem(out_dir: str, *, resume: bool, overwrite: bool, keep: dict[s
         return f"--out {out_dir!r}: {why}"
     if resume and saved_config(out_dir) is None:
         return f"{resume_flag}: no checkpoint in {out_dir}"
+    if resume and (why := base_problem(out_dir)):
+        return f"{resume_flag}: {why}"
     if not resume and os.path.isdir(out_dir) and os.listdir(out_dir):
         if not overwrite:
             return f"--out {out_dir} already exists; pass {resume_flag} to continue it or --overwrite to replace it"
@@ -310,7 +312,8 @@ def out_dir_problem(out_dir: str, *, resume: bool, overwrite: bool, keep: dict[s
         for flag, path in keep.items():
             if os.path.exists(path) and within(path, out_dir):
                 return f"--overwrite: {out_dir} contains {flag} ({path}); refusing to replace it"
-    why = unwritable(os.path.dirname(os.path.abspath(out_dir)) if overwrite else out_dir)
+    # --overwrite renames OUT, or for OUT a link to a run directory the directory it names, within its parent
+    why = unwritable(os.path.dirname(os.path.realpath(out_dir)) if overwrite else out_dir)
     return f"--out {out_dir}: {why}" if why else None
 
 
@@ -358,7 +361,7 @@ def lock_run_dir(out_dir: str) -> None:
     """Create OUT if needed and lock it for this process; CheckpointError if another process holds it."""
     key = os.path.abspath(out_dir)
     created = not os.path.isdir(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(os.path.realpath(out_dir), exist_ok=True)  # OUT a link whose run --overwrite moved aside: its target
     fd = os.open(out_dir, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -456,7 +459,7 @@ def prepare_run_dir(out_dir: str, *, config: dict, overwrite: bool, resume_step:
         print(f"train.py: moved the old run to {old}; it is deleted once this run saves its first checkpoint")
         if os.path.abspath(out_dir) in _LOCKS:
             lock_run_dir(out_dir)  # the lock moved aside with the old run: lock the new OUT
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(os.path.realpath(out_dir), exist_ok=True)
     if resume_step is None:
         write_json_atomic(os.path.join(out_dir, "config.json"), config)
     else:
@@ -465,14 +468,15 @@ def prepare_run_dir(out_dir: str, *, config: dict, overwrite: bool, resume_step:
 
 def move_aside(out_dir: str) -> str:
     """--overwrite: rename OUT to OUT.old-<time>. save_checkpoint deletes it once the new run has saved its first
-    checkpoint; until then (a crash, a diverged first step) the old run stays there, whole."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    old = f"{os.path.abspath(out_dir)}.old-{stamp}"
+    checkpoint; until then (a crash, a diverged first step) the old run stays there, whole. OUT a symbolic link to a
+    run directory: that directory is renamed, and the new run is made where the link points (the link stays)."""
+    stamp, real = time.strftime("%Y%m%d-%H%M%S"), os.path.realpath(out_dir)
+    old = f"{real}.old-{stamp}"
     for n in range(2, 1000):
         if not os.path.exists(old):
             break
-        old = f"{os.path.abspath(out_dir)}.old-{stamp}-{n}"
-    os.rename(out_dir, old)
+        old = f"{real}.old-{stamp}-{n}"
+    os.rename(real, old)
     _MOVED_ASIDE[os.path.abspath(out_dir)] = old
     return old
 
@@ -519,10 +523,38 @@ def truncate_metrics(path: str, last_step: int) -> None:
     os.replace(tmp, path)
 
 
+BASE_RECORD = "spiral-ref-base.json"  # in OUT/base: {file: [bytes, sha256]} of what save_base wrote
+
+
+def base_problem(out_dir: str) -> str | None:
+    """Why OUT/base is not what save_base wrote, or None: a file missing, or of another size or sha256 than
+    BASE_RECORD says (a truncated copy). A resume never rewrites OUT/base, and its adapters would point at it.
+    A base written before the record existed is not checked."""
+    base = os.path.join(out_dir, "base")
+    record = os.path.join(base, BASE_RECORD)
+    if not os.path.isfile(record):
+        return None
+    files = _reading(record, lambda: [(n, int(b), str(d)) for n, (b, d) in _read_json(record).items()])
+    for name, size, digest in files:
+        path = os.path.join(base, name)
+        found = (os.path.getsize(path), _sha256(path)) if os.path.isfile(path) else None
+        if found != (size, digest):
+            what = "missing" if found is None else f"{found[0]:,} bytes, sha256 {found[1][:12]}"
+            return (f"{path} is not what the run wrote ({what}; written: {size:,} bytes, sha256 {digest[:12]}); "
+                    f"remove {base} and resume again: the run writes it anew from --model")
+    return None
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def save_base(out_dir: str, model: str, base_model, tokenizer, in_checkout: str) -> str:
     """base_model_name_or_path for the adapters: a Hub id or a local directory as given; OUT/base for a base that
     exists only in memory (--model tiny, built in code) or inside the checkout (`in_checkout`, the tiny warm start),
-    so that such a run directory can be moved or copied with its base."""
+    so that such a run directory can be moved or copied with its base. OUT/base records its files' sizes and
+    digests (BASE_RECORD), which a resume checks (base_problem)."""
     local = os.path.abspath(os.path.expanduser(model))
     if model != "tiny" and local != in_checkout:
         return local if os.path.isdir(local) else model
@@ -535,6 +567,9 @@ def save_base(out_dir: str, model: str, base_model, tokenizer, in_checkout: str)
                 tokenizer.save_pretrained(tmp)
             else:
                 shutil.copytree(in_checkout, tmp)
+            write_json_atomic(os.path.join(tmp, BASE_RECORD), {
+                name: [os.path.getsize(os.path.join(tmp, name)), _sha256(os.path.join(tmp, name))]
+                for name in sorted(os.listdir(tmp)) if os.path.isfile(os.path.join(tmp, name))})
         except (OSError, shutil.Error) as exc:  # shutil.Error: copytree's list of failed files
             raise write_failed(base_path, tmp, exc) from None
         replace_dir(tmp, base_path)
@@ -558,3 +593,7 @@ def write_failed(path: str, tmp: str, exc: BaseException) -> CheckpointError:
             why = f"the disk is full ({free / 2**20:.0f} MiB free)"
     shutil.rmtree(tmp, ignore_errors=True)
     return CheckpointError(f"could not write {path}: {why}; nothing half-written was left behind")
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (cli.library_main: an import cycle)
+    print(__doc__)

@@ -25,6 +25,7 @@ import reward
 import problemset
 import rollout
 import setsample
+import task
 import tiny
 from lora import PEFT_PREFIX, resolve_base_path
 
@@ -140,14 +141,24 @@ def validate(cfg, resume_flag: str = "--resume") -> list:
     if cfg.resume:
         _check_resume_step(cfg)
     _check_device_and_model(cfg)
-    why = reward.check_grader()  # a grader that cannot start would score every trace 0: say so now
-    if why:
-        raise ConfigError(f"the math-verify grader cannot start: {why}")
-    problems = load_problems(cfg.data)
+    if cfg.reward is None:  # the math task; a user's reward never starts the grader
+        why = reward.check_grader()  # a grader that cannot start would score every trace 0: say so now
+        if why:
+            raise ConfigError(f"the math-verify grader cannot start: {why}")
+    problems = load_problems(cfg.data, cfg.data_columns, need_answer=cfg.reward is None)
     need(cfg.batch_problems <= len(problems), "batch_problems", cfg.batch_problems,
          f"at most the {len(problems)} problems of --data {cfg.data}")
     check_count("max_draws", cfg.max_draws, 100 * len(problems), f" (100 x the {len(problems)} problems)")
     return problems
+
+
+def task_reward(spec: str | None, problems: list):
+    """--reward SPEC: the task's r(x, y), imported, checked and probed on the first problem (task.resolve); None for
+    the math task. A missing module or function, or a reward that fails the probe, is one ConfigError line."""
+    try:
+        return task.resolve(spec, problems)
+    except task.RewardError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_resume_step(cfg) -> None:
@@ -183,10 +194,15 @@ def _check_device_and_model(cfg) -> None:
         raise ConfigError(f"--model {cfg.model}: {exc}")
 
 
-def load_problems(data: str) -> list:
-    """problemset.load_problems, any failure one ConfigError line."""
+def load_problems(data: str, columns: str | None = None, need_answer: bool = True) -> list:
+    """problemset.load_problems with --data-columns COLUMNS, any failure one ConfigError line. need_answer=False for
+    a user's reward (task.py): a row may lack the answer column."""
     try:
-        problems = problemset.load_problems(data)
+        mapping = problemset.Columns.parse(columns)
+    except ValueError as exc:
+        raise ConfigError(f"--data-columns {exc}") from None
+    try:
+        problems = problemset.load_problems(data, mapping, need_answer)
     except Exception as exc:  # noqa: BLE001 - any loader failure is a one-line input error
         raise ConfigError(f"--data {data}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
     if not problems:
@@ -388,3 +404,7 @@ def library_main(doc: str, name: str, used_by: str) -> None:
         sys.exit(0)
     print(f"{name}: error: a library that {used_by}; nothing to run here (--help: what it holds)", file=sys.stderr)
     sys.exit(2)
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    library_main(__doc__, "cli.py", "train.py, evaluate.py, trl_spiral.py and the benchmarks use")

@@ -13,14 +13,24 @@ the step) with cascade attention (attention.py) for SPIRAL's calls, where every 
      no real query sees them (the decode step masks them by length).
   3. Grouped-query attention without expanding K and V: the G = heads / kv_heads query heads of a KV head are G
      query rows of it (times the copies, in the prefix).
-  4. Everything a step reads persists across generate calls (`Engine`): one flat KV arena, grown only when a call
-     needs more; the LoRA adapter copied into fixed bf16 buffers at each call (so after each optimizer step); and
-     on CUDA one captured CUDA graph per (call shape, suffix bucket), replayed at every step: one launch per step,
-     no host sync but a stop check every STOP_CHECK_EVERY steps. At most MAX_CALL_SHAPES call shapes are kept, so
-     at most MAX_CALL_SHAPES x ceil(max_new_tokens / SUFFIX_BUCKET) graphs live. Graphs are captured from the
-     step as written, its elementwise chains compiled with dynamic shapes (`_fused`: one compilation serves every
-     call shape); the whole step is not torch.compile'd, which would recompile for each new call shape (train.py
-     meets a new one at most steps) and guard on the cache's views. It still traces into one graph (tests).
+  4. The weights are the HF model's own tensors and LoRA adapters in persistent buffers (fastgen_weights.py), the A
+     matmuls of projections that read one input stacked into one (x [A_q; A_k; A_v]^T; gate, up likewise).
+  5. What persists (`Engine`, one per model; sampling another model or `reset()` drops it all):
+     - until `release()` (train.py's, after each collection: the learner needs the memory): the KV arena, grown (the
+       old one freed first) when a call needs more. No stale value reaches a call, whatever the arena holds: the
+       prefill writes every prefix slot and the suffix is cleared at the call's start (a NaN behind a mask would
+       still poison its row: 0 x NaN = NaN).
+     - across releases: the adapter buffers (A stacked, B, in the model's dtype; refreshed from the fp32 masters at
+       each call, re-made when a rank changes) and, per call key, the call's state buffers and on CUDA its graphs,
+       one per suffix bucket (one launch per step, no host sync but a stop check every STOP_CHECK_EVERY steps). The
+       key is the call shape, the EOS count, the arena's address and `Weights.signature` (the address and shape of
+       every tensor a graph reads, LoRA ranks and buffers included, and the LoRA scales it bakes in): a graph is
+       replayed only where all it reads sits where it sat at capture, e.g. when the arena comes back after the
+       learner at the address it had. At most MAX_CALL_SHAPES keys are kept, the least recently used dropped.
+     Graphs are captured from the step as written, its elementwise chains compiled with dynamic shapes (`_fused`: one
+     compilation serves every call shape); the whole step is not torch.compile'd, which would recompile for each new
+     call shape (train.py meets a new one at most steps) and guard on the cache's views. It still traces into one
+     graph (tests).
 Sampling is gpt-fast's exponential race, argmax_v p_v / E_v with E_v ~ Exponential(1) i.i.d.: token v wins with
 probability exactly p_v, and it is what torch.multinomial(p, 1) computes on a CPU. On a CPU the stop check runs at
 every step, as Hugging Face `generate` stops, so both engines consume the torch random stream identically: for the
@@ -34,12 +44,13 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-import lora
 from attention import MASKED, attend, merge
+from fastgen_weights import AdapterBuffers, Layer, Weights, supports  # noqa: F401 (supports: rollout's, train's)
 from logprobs import attention_backends
 
 PREFIX_CHUNK = 1024  # at most this many prefix slots per chunk: chunks are attended in parallel (split-KV), merged
@@ -47,7 +58,7 @@ SLOT_MULTIPLE = 64  # a chunk's length is rounded up to this (the kernels' align
 SUFFIX_BUCKET = 256  # a decode step attends to the suffix up to its filled length rounded up to this
 PREFILL_TOKENS = 16_384  # padded prompt tokens per prefill forward (activation memory)
 STOP_CHECK_EVERY = 32  # CUDA: decode steps between checks that every row has stopped (each check is a host sync)
-MAX_CALL_SHAPES = 4  # call shapes whose state and CUDA graphs are kept (search and aggregation alternate in train.py)
+MAX_CALL_SHAPES = 4  # call keys whose state and CUDA graphs are kept (search and aggregation alternate in train.py)
 
 
 def _ceil_div(n: int, d: int) -> int:
@@ -56,69 +67,6 @@ def _ceil_div(n: int, d: int) -> int:
 
 def _round_up(n: int, multiple: int) -> int:
     return _ceil_div(n, multiple) * multiple
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# The model's weights as the decode step reads them (references to the HF model's tensors, no copies)
-
-
-@dataclass
-class Linear:
-    """x W^T + b + s (x A^T) B^T: an nn.Linear, or a LoRALinear with its active adapter (A, B: persistent buffers
-    in the base's dtype, refreshed by `Engine.weights` at each call)."""
-
-    weight: torch.Tensor  # (out, in), the frozen base
-    bias: torch.Tensor | None
-    A: torch.Tensor | None = None  # (r, in)
-    B: torch.Tensor | None = None  # (out, r)
-    scale: float = 1.0
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)  # (..., out)
-        if self.A is None:
-            return y
-        x_2d, y_2d = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
-        # One kernel for y + s (xA^T) B^T (fp32 accumulation, one rounding); LoRALinear rounds three times.
-        return torch.addmm(y_2d, F.linear(x_2d, self.A), self.B.t(), alpha=self.scale).view(y.shape)
-
-
-@dataclass
-class Layer:
-    input_norm: torch.nn.Module  # the HF RMSNorm modules (their weight and eps)
-    post_norm: torch.nn.Module
-    q_norm: torch.nn.Module
-    k_norm: torch.nn.Module
-    q: Linear
-    k: Linear
-    v: Linear
-    o: Linear
-    gate: Linear
-    up: Linear
-    down: Linear  # the activation is SiLU's (`supports` checks; `_silu_mul`)
-
-
-@dataclass
-class Weights:
-    embed: torch.Tensor  # (V, d)
-    layers: list[Layer]
-    norm: torch.nn.Module
-    lm_head: Linear
-    rotary: torch.nn.Module  # the HF rotary embedding: (x, positions) -> (cos, sin)
-    kv_heads: int
-    head_dim: int
-    scaling: float
-
-
-def supports(model) -> str:
-    """"" if `model` is a Qwen3 causal LM that this file can run, else why not (rollout.generate raises it)."""
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) != "qwen3" or not hasattr(model, "lm_head"):
-        return f"fast generation supports Qwen3 causal LMs; this is {type(model).__name__}"
-    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"]):
-        return "fast generation does not support sliding-window layers"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"fast generation supports SiLU MLPs; this one uses {config.hidden_act}"
-    return ""
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -167,8 +115,16 @@ class KVCache:
 
         self.prefix_k = [take(s.P, s.n_chunks, kv_heads, s.chunk, head_dim) for _ in range(layers)]
         self.prefix_v = [take(s.P, s.n_chunks, kv_heads, s.chunk, head_dim) for _ in range(layers)]
+        start = offset
         self.suffix_k = [take(s.B, kv_heads, s.T, head_dim) for _ in range(layers)]
         self.suffix_v = [take(s.B, kv_heads, s.T, head_dim) for _ in range(layers)]
+        self.suffix = arena[start: offset]  # every layer's suffix K and V, one flat view (`clear_suffix`)
+
+    def clear_suffix(self) -> None:
+        """Zero the suffix slots: a decode step reads a bucket's slots past the fed token too, masked by a bias, and
+        a stale NaN there would still poison the row (0 x NaN = NaN; on CUDA NaN + bias is NaN). The prefill writes
+        every prefix slot, so after this no slot a call reads holds anything from an earlier call."""
+        self.suffix.zero_()
 
     @staticmethod
     def elements(layers: int, shape: CallShape, kv_heads: int, head_dim: int) -> int:
@@ -276,10 +232,10 @@ def _qkv(layer: Layer, w: Weights, x: torch.Tensor, cos: torch.Tensor, sin: torc
     """Queries (N, H, T, D), keys and values (N, K, T, D) of hidden states x (N, T, d), rotated (as HF Qwen3).
     fuse: the decode step's compiled elementwise chains (the prefill's shapes vary too much to compile)."""
     N, T, _ = x.shape
-    h = _rms_norm(layer.input_norm, x, fuse)
-    q = _rms_norm(layer.q_norm, layer.q(h).view(N, T, -1, w.head_dim), fuse).transpose(1, 2)  # (N, H, T, D)
-    k = _rms_norm(layer.k_norm, layer.k(h).view(N, T, -1, w.head_dim), fuse).transpose(1, 2)  # (N, K, T, D)
-    v = layer.v(h).view(N, T, -1, w.head_dim).transpose(1, 2)  # (N, K, T, D)
+    q, k, v = layer.qkv(_rms_norm(layer.input_norm, x, fuse))  # (N, T, H D), (N, T, K D) x 2
+    q = _rms_norm(layer.q_norm, q.view(N, T, -1, w.head_dim), fuse).transpose(1, 2)  # (N, H, T, D)
+    k = _rms_norm(layer.k_norm, k.view(N, T, -1, w.head_dim), fuse).transpose(1, 2)  # (N, K, T, D)
+    v = v.view(N, T, -1, w.head_dim).transpose(1, 2)  # (N, K, T, D)
     cos, sin = cos[:, None], sin[:, None]  # (N, 1, T, D)
     rotate = _rotate if fuse else _rotate.eager
     return rotate(q, cos, sin), rotate(k, cos, sin), v
@@ -287,7 +243,7 @@ def _qkv(layer: Layer, w: Weights, x: torch.Tensor, cos: torch.Tensor, sin: torc
 
 def _mlp(layer: Layer, x: torch.Tensor, fuse: bool = False) -> torch.Tensor:
     silu_mul = _silu_mul if fuse else _silu_mul.eager  # Qwen3's act is SiLU (`supports` checks)
-    return layer.down(silu_mul(layer.gate(x), layer.up(x)))
+    return layer.down(silu_mul(*layer.gate_up(x)))
 
 
 def sample(logits_BV: torch.Tensor, temperature):
@@ -367,84 +323,70 @@ def decode_one_token(w: Weights, cache: KVCache, s: CallState, shape: CallShape,
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# What persists across calls: the KV arena, the adapter's buffers, per call shape its state and CUDA graphs
+# What persists across calls: the adapter buffers, per call key its state and CUDA graphs; the KV arena until release
+
+
+def _new_arena(elements: int, dtype, device) -> torch.Tensor:
+    """The KV arena, uninitialised: every slot a call reads is written first (KVCache.clear_suffix)."""
+    return torch.empty(elements, dtype=dtype, device=device)
+
+
+class Call(NamedTuple):
+    cache: KVCache  # views of the current arena (made at each call: none is kept, so a freed arena is freed)
+    state: CallState
+    graphs: dict  # {suffix_len: CUDAGraph} (on a CPU: None for each bucket a CUDA device would capture)
 
 
 class Engine:
-    """The persistent side of fastgen for one model (`engine_for`): see the module docstring, point 4."""
+    """The persistent side of fastgen for one model (`engine_for`): see the module docstring, point 5."""
 
     def __init__(self, model):
         self.model = weakref.ref(model)
         self.device, self.dtype = model.device, model.dtype
+        self.cuda = self.device.type == "cuda"
         self.embed_ptr = model.model.embed_tokens.weight.data_ptr()
-        self.arena = torch.zeros(0, dtype=self.dtype, device=self.device)
-        self.adapters: dict = {}  # (module id, adapter name) -> (A, B) buffers in the model's dtype
-        self.calls: OrderedDict = OrderedDict()  # key -> [KVCache, CallState, {suffix_len: CUDAGraph}]
-        self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        self.arena: torch.Tensor | None = None  # allocated by a call, freed by release()
+        self.adapters = AdapterBuffers(self.dtype, self.device)
+        self.calls: OrderedDict = OrderedDict()  # key (`call`) -> (CallState, {suffix_len: CUDAGraph})
+        self.graph_pool = None  # made at the first capture with no graph alive (CUDA frees a pool with its graphs)
         self.captures, self.capture_seconds = 0, 0.0  # CUDA graphs captured so far (a warm-up step plus a capture each)
 
     def matches(self, model) -> bool:
         return (self.model() is model and model.device == self.device and model.dtype == self.dtype
                 and model.model.embed_tokens.weight.data_ptr() == self.embed_ptr)
 
-    def linear(self, module) -> Linear:
-        if not isinstance(module, lora.LoRALinear):
-            return Linear(module.weight, module.bias)
-        base, name = module.base_layer, module.active_adapter
-        if name is None:
-            return Linear(base.weight, base.bias)
-        A, B = module.lora_A[name].weight, module.lora_B[name].weight  # fp32 masters (r, in), (out, r)
-        key = (id(module), name)
-        if key not in self.adapters or self.adapters[key][0].shape != A.shape:
-            self.adapters[key] = (torch.empty(A.shape, dtype=self.dtype, device=self.device),
-                                  torch.empty(B.shape, dtype=self.dtype, device=self.device))
-        A_buffer, B_buffer = self.adapters[key]
-        A_buffer.copy_(A.detach())  # in place, cast: the addresses a captured graph reads stay the same
-        B_buffer.copy_(B.detach())
-        return Linear(base.weight, base.bias, A_buffer, B_buffer, module.scaling[name])
-
     def weights(self, model) -> Weights:
-        """The model's weights as the step reads them, the active adapter copied into its buffers."""
-        inner, layers = model.model, []
-        for layer in inner.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            layers.append(Layer(layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm,
-                                *(self.linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
-                                                           mlp.gate_proj, mlp.up_proj, mlp.down_proj))))
-        attn = inner.layers[0].self_attn
-        return Weights(inner.embed_tokens.weight, layers, inner.norm, self.linear(model.lm_head), inner.rotary_emb,
-                       model.config.num_key_value_heads, attn.head_dim, attn.scaling)
+        """The model's weights as the step reads them, the active adapters copied into their buffers."""
+        return self.adapters.weights(model)
 
-    def call(self, w: Weights, shape: CallShape, eos_count: int, adapters: tuple):
-        """The cache and state of a call of this shape: reused (with its graphs) if seen among the last
-        MAX_CALL_SHAPES shapes and the arena has not moved; the arena grows if the call needs more."""
+    def call(self, w: Weights, shape: CallShape, eos_count: int) -> Call:
+        """The cache, state and graphs of a call of this shape: the state and graphs reused if the key (module
+        docstring, point 5) is among the last MAX_CALL_SHAPES seen; the arena allocated or grown if needed."""
         need = KVCache.elements(len(w.layers), shape, w.kv_heads, w.head_dim)
-        if need > self.arena.numel():
-            self.calls.clear()  # every view and graph points into the old arena
-            if self.graph_pool is not None:  # no graph holds the old pool now: CUDA frees it, so start a new one
-                self.graph_pool = torch.cuda.graph_pool_handle()
-            self.arena = None  # free it before allocating the larger one
-            self.arena = torch.zeros(_round_up(need, 1 << 20), dtype=self.dtype, device=self.device)
-        key = (shape, eos_count, adapters)
+        if self.arena is None or need > self.arena.numel():
+            self.arena = None  # free the old arena before allocating the larger one
+            self.arena = _new_arena(_round_up(need, 1 << 20), self.dtype, self.device)
+        key = (shape, eos_count, self.arena.data_ptr(), w.signature())
         if key not in self.calls:
-            cache = KVCache(self.arena, len(w.layers), shape, w.kv_heads, w.head_dim)
-            self.calls[key] = [cache, CallState(shape, w.kv_heads, eos_count, self.dtype, self.device), {}]
+            self.calls[key] = (CallState(shape, w.kv_heads, eos_count, self.dtype, self.device), {})
             while len(self.calls) > MAX_CALL_SHAPES:
-                self.calls.popitem(last=False)
+                self.calls.popitem(last=False)  # the least recently used
         self.calls.move_to_end(key)
-        return self.calls[key]
+        return Call(KVCache(self.arena, len(w.layers), shape, w.kv_heads, w.head_dim), *self.calls[key])
 
-    def step(self, w: Weights, call, shape: CallShape, suffix_len: int) -> None:
+    def step(self, w: Weights, call: Call, shape: CallShape, suffix_len: int) -> None:
         """One decode step: eager on a CPU; on CUDA the replay of this suffix bucket's graph, captured on first use
         (the warm-up before the capture is the real step, run on a side stream as CUDA graphs require)."""
         cache, state, graphs = call
-        if self.graph_pool is None:  # eager; count the graphs a CUDA device would capture
+        if not self.cuda:  # eager; count the graphs a CUDA device would capture
             self.captures += suffix_len not in graphs
             graphs[suffix_len] = None
             return decode_one_token(w, cache, state, shape, suffix_len)
         if suffix_len in graphs:
             return graphs[suffix_len].replay()
         t0 = time.perf_counter()
+        if not any(kept for _, kept in self.calls.values()):  # no graph alive: CUDA freed their pool with them
+            self.graph_pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -464,19 +406,26 @@ _ENGINE: list[Engine] = []  # at most one: the last model sampled from
 
 def engine_for(model) -> Engine:
     if not (_ENGINE and _ENGINE[0].matches(model)):
-        release()
+        reset()
         _ENGINE.append(Engine(model))
     return _ENGINE[0]
 
 
 def release() -> None:
-    """Drop the arena, the adapter buffers and the graphs (train.py calls it before the learner needs the memory)."""
+    """Free the KV arena (train.py, after each collection: the learner needs the memory). The adapter buffers, the
+    call states and the CUDA graphs (their pool: the decode step's intermediates) stay for the next collection."""
+    if _ENGINE:
+        _ENGINE[0].arena = None
+
+
+def reset() -> None:
+    """Drop the engine: the arena, the adapter buffers, the call states and every CUDA graph."""
     _ENGINE.clear()
 
 
 def held_bytes(device) -> int:
     """Bytes of KV arena held for reuse on `device` (rollout's memory budget counts them as free)."""
-    if _ENGINE and _ENGINE[0].device == torch.device(device):
+    if _ENGINE and _ENGINE[0].device == torch.device(device) and _ENGINE[0].arena is not None:
         return _ENGINE[0].arena.numel() * _ENGINE[0].arena.element_size()
     return 0
 
@@ -502,16 +451,20 @@ def sample_micro_batch(model, prompt_ids: list[list[int]], copies: int, max_new_
     engine = engine_for(model)
     w = engine.weights(model)
     shape = CallShape.of([len(ids) for ids in prompt_ids], copies, max_new_tokens)
-    adapters = tuple(sorted({str(m.active_adapter) for _, m in lora.lora_modules(model)}))
-    call = engine.call(w, shape, len(eos_ids), adapters)
-    s = call[1]
+    call = engine.call(w, shape, len(eos_ids))
+    s = call.state
     s.start(shape, [len(ids) for ids in prompt_ids], temperature, eos_ids, w.kv_heads)
-    check_every = 1 if engine.graph_pool is None else STOP_CHECK_EVERY  # a CPU stops when HF generate does
+    call.cache.clear_suffix()
+    check_every = STOP_CHECK_EVERY if engine.cuda else 1  # a CPU stops when HF generate does
     with attention_backends():  # no cuDNN attention: it crashes on H100s (issue 18)
-        logits = prefill(w, call[0], prompt_ids, shape, pad_id).repeat_interleave(copies, dim=0)  # (B, V)
+        logits = prefill(w, call.cache, prompt_ids, shape, pad_id).repeat_interleave(copies, dim=0)  # (B, V)
         s.record(s.t.view(1), *sample(logits, s.temperature))  # column 0 (s.t is 0)
         steps = 1  # columns sampled so far
         while steps < max_new_tokens and not (steps % check_every == 0 and bool(s.done_B.all())):
             engine.step(w, call, shape, _round_up(steps, SUFFIX_BUCKET))  # feeds column steps - 1
             steps += 1
     return (s.tokens_BT[:, :steps].tolist(), s.logprobs_BT[:, :steps].tolist(), s.entropies_BT[:, :steps].tolist())
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (cli.library_main: an import cycle)
+    print(__doc__)

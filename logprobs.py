@@ -7,7 +7,8 @@ backward pass holds one chunk's logits at a time: O(chunk x V) memory, not O(T x
 21k-token aggregation sample would need 12 GB of fp32 logits). Any transformers causal LM whose logits are
 head(last hidden state): decoder and head come from its own get_decoder() / get_output_embeddings(); a model that
 post-processes its logits (Gemma-2's soft-capping, Granite's scaling, ...) is refused, never silently mis-scored.
-Only torch is imported.
+This is the per-sample path (one row per sample), the reference; shared_prompt.py runs each prompt once for all its
+completions and shares the output head's part (head_logprobs). Only torch is imported.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-# Every attention of the project (sampling, log-probs, the training forward and its backward) runs under this choice.
+# Sampling's attention (and the log-probs' forward unless a caller passes its own choice) runs under this choice.
 ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -28,6 +29,46 @@ def attention_backends():
     cuDNN attention: on an H100 (torch 2.11, cu130) cuDNN's kernel fails mid-generation ("mha_graph.execute ...
     is_good()", issue 18), and torch picks it by default there. Same results on a CPU, where cuDNN never runs."""
     return sdpa_kernel(ATTENTION_BACKENDS)
+
+
+# The learner's own choice (train.py --learner-attention): on a GPU only the fast fused kernels. The memory-efficient
+# kernel is what a padded (B, 1, T, T) mask forces; the grouped learner (shared_prompt.py) passes no mask at all.
+LEARNER_BACKENDS = {"cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION],  # cuDNN, else flash
+                    "flash": [SDPBackend.FLASH_ATTENTION]}
+
+
+def learner_attention_backends(choice: str, device_type: str, dtype: torch.dtype, masked: bool = False) -> list:
+    """The SDPA kernels the learner's forward and backward may use: `choice` ("cudnn" or "flash") on a GPU in
+    half precision, plus memory-efficient and math attention when its batches carry padding masks (`masked`: the
+    per-sample reference path). fp32 on a GPU has no flash or cuDNN kernel: memory-efficient and math. A CPU: its
+    own flash kernel (masks and grouped-query heads included) and math."""
+    if choice not in LEARNER_BACKENDS:
+        raise ValueError(f"learner attention {choice!r}: choose from {', '.join(LEARNER_BACKENDS)}")
+    if device_type != "cuda":
+        return [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    if dtype == torch.float32:
+        return [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    return LEARNER_BACKENDS[choice] + ([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if masked else [])
+
+
+def _attention_kernels() -> set:
+    """The fused attention ops SDPA dispatches to (CUDA flash / cuDNN / memory-efficient, the CPU's flash)."""
+    names = ["_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu"]
+    return {getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n)}
+
+
+def attention_kept_contexts():
+    """`context_fn` for torch.utils.checkpoint (non-reentrant): selective checkpointing that saves the attention
+    kernels' outputs (the output and its log-sum-exp) in the forward and recomputes everything else of the layer in
+    the backward, so the backward runs no attention forward a second time. Costs the attention outputs' memory:
+    tokens x heads x head_dim per layer (Qwen3-4B, 21.7k tokens: 6.4 GB bf16 + 0.1 GB fp32 log-sum-exps)."""
+    kernels = _attention_kernels()
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in kernels else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 @dataclass
@@ -87,7 +128,7 @@ LOGIT_POST_PROCESSING = {
 }
 
 
-def _unwrap(model):
+def unwrap(model):
     """The transformers model inside wrappers: peft's PeftModel and LoraModel expose it as get_base_model()."""
     while callable(getattr(model, "get_base_model", None)) and model.get_base_model() is not model:
         model = model.get_base_model()
@@ -131,7 +172,7 @@ def decoder_and_head(model, batch: TokenBatch | None = None):
     ValueError for a model whose logits are not head(hidden): a config field of LOGIT_POST_PROCESSING, or,
     when `batch` is given, a one-time numeric probe (its verdict is cached on the model).
     """
-    base = _unwrap(model)
+    base = unwrap(model)
     name = type(base).__name__
     decoder = base.get_decoder() if callable(getattr(base, "get_decoder", None)) else None
     head = base.get_output_embeddings() if callable(getattr(base, "get_output_embeddings", None)) else None
@@ -150,47 +191,60 @@ def decoder_and_head(model, batch: TokenBatch | None = None):
     return decoder, head
 
 
-def to_rows(values_N: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
+def to_rows(values_T: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
     """(B, T), aligned with batch.input_ids: the value of token input_ids[b, t] where completion_mask[b, t], else 0.
 
     The inverse of the flat, row-major order completion_logprobs returns; gradients flow through it.
     """
-    rows = values_N.new_zeros(batch.input_ids.shape)  # (B, T)
-    return rows.masked_scatter(batch.completion_mask, values_N)  # (B, T): out of place, autograd sees it
+    rows = values_T.new_zeros(batch.input_ids.shape)  # (B, T)
+    return rows.masked_scatter(batch.completion_mask, values_T)  # (B, T): out of place, autograd sees it
 
 
-def completion_logprobs(model, batch: TokenBatch, temperature: float = 1.0, chunk_size: int = 256,
-                        as_rows: bool = False):
-    """(logprobs_N, entropy_N): log softmax(logits / tau)[y_t] and the entropy, for every completion token.
-
-    Flat over the batch's completion tokens, row by row (row-major over batch.completion_mask); as_rows=True gives
-    (B, T) tensors aligned with input_ids instead (to_rows). Padding may be left or right: positions come from
-    the attention mask. `model`: any causal LM that decoder_and_head accepts, or a peft wrapper around one.
-    """
-    if bool(batch.completion_mask[:, 0].any()):
-        raise ValueError("logprobs: a completion token at position 0 has no context to be predicted from")
-    position_ids = position_ids_from_mask(batch.attention_mask)  # (B, T)
-    with attention_backends():  # no cuDNN attention: it crashes on H100s (issue 18); train.py wraps the backward too
-        decoder, head = decoder_and_head(model, batch)  # its one-time probe runs the model too
-        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                         position_ids=position_ids, use_cache=False).last_hidden_state  # (B, T, H)
-    # The hidden state at t predicts token t+1: keep the positions whose NEXT token is a completion token.
-    predicts_completion = batch.completion_mask[:, 1:]  # (B, T-1)
-    hidden_N = hidden[:, :-1][predicts_completion]  # (N, H)
-    targets_N = batch.input_ids[:, 1:][predicts_completion]  # (N,)
+def head_logprobs(head: nn.Module, hidden_T: torch.Tensor, targets_T: torch.Tensor, temperature: float = 1.0,
+                  chunk_size: int = 256):
+    """(logprobs_T, entropy_T) = log softmax(head(h_t) / tau)[y_t] and the entropy there, for T (hidden state, target)
+    pairs: the output head runs `chunk_size` positions at a time, each chunk checkpointed when gradients are on, so
+    a backward holds one chunk's (c, V) logits at a time."""
     logprobs, entropies = [], []
-    for start in range(0, hidden_N.shape[0], chunk_size):
-        h, y = hidden_N[start:start + chunk_size], targets_N[start:start + chunk_size]  # (c, H), (c,)
+    for start in range(0, hidden_T.shape[0], chunk_size):
+        h, y = hidden_T[start:start + chunk_size], targets_T[start:start + chunk_size]  # (c, H), (c,)
         if torch.is_grad_enabled():
             lp, ent = checkpoint(_chunk_logprobs, head, h, y, temperature, use_reentrant=False)
         else:
             lp, ent = _chunk_logprobs(head, h, y, temperature)
         logprobs.append(lp)
         entropies.append(ent)
-    if logprobs:
-        logprobs_N, entropy_N = torch.cat(logprobs), torch.cat(entropies)  # (N,), (N,)
-    else:
-        logprobs_N = entropy_N = hidden_N.new_zeros(0, dtype=torch.float32)
+    if not logprobs:
+        empty = hidden_T.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(logprobs), torch.cat(entropies)  # (T,), (T,)
+
+
+def completion_logprobs(model, batch: TokenBatch, temperature: float = 1.0, chunk_size: int = 256,
+                        as_rows: bool = False, backends: list | None = None):
+    """(logprobs_T, entropy_T): log softmax(logits / tau)[y_t] and the entropy, for every completion token.
+
+    Flat over the batch's completion tokens, row by row (row-major over batch.completion_mask); as_rows=True gives
+    (B, T) tensors aligned with input_ids instead (to_rows). Padding may be left or right: positions come from
+    the attention mask. `model`: any causal LM that decoder_and_head accepts, or a peft wrapper around one.
+    `backends`: the SDPA kernels of the forward (default ATTENTION_BACKENDS, sampling's; the learner passes its own).
+    """
+    if bool(batch.completion_mask[:, 0].any()):
+        raise ValueError("logprobs: a completion token at position 0 has no context to be predicted from")
+    position_ids = position_ids_from_mask(batch.attention_mask)  # (B, T)
+    with sdpa_kernel(ATTENTION_BACKENDS if backends is None else backends):  # train.py wraps the backward too
+        decoder, head = decoder_and_head(model, batch)  # its one-time probe runs the model too
+        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                         position_ids=position_ids, use_cache=False).last_hidden_state  # (B, T, H)
+    # The hidden state at t predicts token t+1: keep the positions whose NEXT token is a completion token.
+    predicts_completion = batch.completion_mask[:, 1:]  # (B, T-1)
+    hidden_T = hidden[:, :-1][predicts_completion]  # (T, H)
+    targets_T = batch.input_ids[:, 1:][predicts_completion]  # (T,)
+    logprobs_T, entropy_T = head_logprobs(head, hidden_T, targets_T, temperature, chunk_size)  # (T,), (T,)
     if as_rows:
-        return to_rows(logprobs_N, batch), to_rows(entropy_N, batch)  # (B, T), (B, T)
-    return logprobs_N, entropy_N
+        return to_rows(logprobs_T, batch), to_rows(entropy_T, batch)  # (B, T), (B, T)
+    return logprobs_T, entropy_T
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (copied alone, it imports torch only)
+    print(__doc__)

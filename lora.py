@@ -280,3 +280,7 @@ def load_adapter(model: nn.Module, in_dir: str, adapter_name: str = "default") -
             if state[key].shape != param.shape:
                 raise ValueError(f"{in_dir}: {key} has shape {tuple(state[key].shape)}, expected {tuple(param.shape)}")
             param.copy_(state[key])  # `expected` holds detached views of the live parameters
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (copied alone: torch, safetensors only)
+    print(__doc__)

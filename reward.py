@@ -454,3 +454,7 @@ _GRADER = _GradingWorker()
 atexit.register(_GRADER.close)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_GRADER.after_fork_in_child)
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (cli.library_main: an import cycle)
+    print(__doc__)

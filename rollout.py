@@ -444,3 +444,7 @@ def _sample_micro_batch(model, prompt_ids, copies, max_new_tokens, temperature, 
         )  # (B, L + T)
     logprobs, entropies = recorder.finish(sequences)  # (B, T), (B, T)
     return sequences[:, prompt_length:].tolist(), logprobs.tolist(), entropies.tolist()
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (cli.library_main: an import cycle)
+    print(__doc__)

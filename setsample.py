@@ -100,3 +100,7 @@ def gradient_scale(num_traces, set_size, num_sets, ordered=False):
     N, n, K = _check(num_traces, set_size, num_sets, ordered)
     q_num, q_den = _coverage(N, n, K, ordered)
     return (N * q_num - n * q_den) / (n * q_den)  # (N/n) q_K - 1 over one common denominator
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (copied alone, it imports numpy only)
+    print(__doc__)

@@ -92,6 +92,11 @@ def _check_counts(**counts: int) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _math_reward(x: Problem, text: str) -> float:
+    """The default task's r(x, y): the math grader against x's gold answer (reward.reward, looked up when called)."""
+    return reward(text, x.answer)
+
+
 def _grader_metrics(before: dict[str, int]) -> dict[str, int]:
     """Grader incidents during this collection, e.g. grader/ungraded: rewards scored 0 without a verdict."""
     return {f"grader/{key}": count - before[key] for key, count in grader_stats().items()}
@@ -121,6 +126,7 @@ def collect_spiral(
     micro_batch_size: int | None = None,
     tokens_per_micro_batch: int | None = None,
     search_advantage_scale: float = 1.0,
+    reward_fn: Callable[[Problem, str], float] | None = None,
 ) -> Rollouts:
     """Algorithm 1, lines 1-13 and line 15's advantage, for a dynamically sampled batch B.
 
@@ -128,11 +134,13 @@ def collect_spiral(
     A#_marg and K N2 aggregation Samples with the within-set advantage, both after the length-aware rule when
     `target_length` is set. `aggregation_adapter`: a context under which pi_phi writes the aggregation traces
     (the appendix's two-model variant). `search_advantage_scale` multiplies A#_marg: 1/M for an unbiased set-RL
-    gradient (train.py --unbiased-set-rl), 1 in the paper.
+    gradient (train.py --unbiased-set-rl), 1 in the paper. `reward_fn`: the task's r(x, y) (task.py; default: the
+    math grader).
     """
     _check_counts(batch_problems=batch_problems, num_search=num_search, set_size=set_size, num_sets=num_sets,
                   num_aggregations=num_aggregations, max_new_tokens=max_new_tokens)
     N1, n, K, N2 = num_search, set_size, num_sets, num_aggregations
+    grade = reward_fn or _math_reward
     max_draws = 4 * batch_problems if max_draws is None else max_draws
     grader_before = grader_stats()
     sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, micro_batch_size=micro_batch_size,
@@ -168,7 +176,7 @@ def collect_spiral(
             search_N1 = search_P_N1[i]
             aggregation_KN2 = [c for row in aggregation_PK_N2[i * K:(i + 1) * K] for c in row]  # set by set
             # Line 8's rewards r(x, y^{G_l}_i): the only rewards that train anything.
-            rewards_K_N2 = np.array([reward(c.text, x.answer) for c in aggregation_KN2]).reshape(K, N2)
+            rewards_K_N2 = np.array([grade(x, c.text) for c in aggregation_KN2]).reshape(K, N2)
             # Lines 8-13 (set scores, baseline, set and marginal advantages) and line 15's advantage.
             search_adv_N1, aggregation_adv_K_N2 = spiral_advantages(sets_P_K_n[i], rewards_K_N2, N1)
             search_adv_N1 = search_adv_N1 * search_advantage_scale  # 1/M: E[g_set] = the set-RL gradient
@@ -176,7 +184,7 @@ def collect_spiral(
                 search_adv_N1 = length_aware(search_adv_N1, _lengths(search_N1), target_length)
                 aggregation_adv_K_N2 = length_aware(aggregation_adv_K_N2,
                                                     _lengths(aggregation_KN2).reshape(K, N2), target_length)
-            log["search_reward"] += [reward(c.text, x.answer) for c in search_N1]  # logging only
+            log["search_reward"] += [grade(x, c.text) for c in search_N1]  # logging only
             log["aggregation_reward"] += rewards_K_N2.ravel().tolist()
             log["search_length"] += _lengths(search_N1).tolist()
             log["aggregation_length"] += _lengths(aggregation_KN2).tolist()
@@ -224,14 +232,16 @@ def collect_grpo(
     max_draws: int | None = None,
     micro_batch_size: int | None = None,
     tokens_per_micro_batch: int | None = None,
+    reward_fn: Callable[[Problem, str], float] | None = None,
 ) -> Rollouts:
     """The GRPO baseline: G = group_size samples per problem, A_i = r_i - mean_j r_j (Dr. GRPO: no std division).
 
     Equal budget: 12 x 8192 = 98,304 tokens per problem, as SPIRAL's (8 + 16) x 4096. `rng` is unused (no sets);
-    it keeps the two collectors' signatures alike.
+    it keeps the two collectors' signatures alike. `reward_fn`: the task's r(x, y), as for collect_spiral.
     """
     _check_counts(batch_problems=batch_problems, group_size=group_size, max_new_tokens=max_new_tokens)
     max_draws = 4 * batch_problems if max_draws is None else max_draws
+    grade = reward_fn or _math_reward
     grader_before = grader_stats()
     samples: list[Sample] = []
     log = {"reward": [], "length": [], "truncated": []}
@@ -244,7 +254,7 @@ def collect_grpo(
                               samples_per_prompt=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
                               micro_batch_size=micro_batch_size, tokens_per_micro_batch=tokens_per_micro_batch)
         for x, group in zip(problems, groups_P_G):
-            rewards_G = np.array([reward(c.text, x.answer) for c in group])
+            rewards_G = np.array([grade(x, c.text) for c in group])
             adv_G = group_advantages(rewards_G)
             if target_length is not None:
                 adv_G = length_aware(adv_G, _lengths(group), target_length)
@@ -267,3 +277,9 @@ def collect_grpo(
         "token_budget_per_problem": group_size * max_new_tokens,  # paper: 12 x 8192 = 98,304
     } | _entropy_metrics(entropy) | _grader_metrics(grader_before)
     return Rollouts(samples, metrics)
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import cli
+
+    cli.library_main(__doc__, "spiral.py", "train.py, trl_spiral.py and the verl recipe use")

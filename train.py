@@ -26,8 +26,10 @@ Where this departs from the paper (each is a flag):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
+import functools
 import math
 import os
 import random
@@ -40,6 +42,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from torch.nn.attention import sdpa_kernel
 
 import checkpoint
 import cli
@@ -47,11 +50,14 @@ import fastgen
 import figures
 import rollout
 import setsample
+import shared_prompt
 import spiral
+import task
 import tiny
 import tiny_parts
 from cli import ConfigError, validate
-from logprobs import TokenBatch, attention_backends, completion_logprobs
+from logprobs import (TokenBatch, attention_kept_contexts, completion_logprobs, learner_attention_backends,
+                      unwrap)
 from lora import TARGET_MODULES, add_lora, adapter_names, export_adapters, lora_parameters, replace_dir, use_adapter
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -71,6 +77,11 @@ class TrainConfig:
     algo: Literal["spiral", "grpo"] = option("spiral", "spiral (Algorithm 1) or grpo (the baseline, equal budget)")
     model: str = option(rollout.DEFAULT_MODEL, "base model: a Hugging Face id, a local directory, or 'tiny'")
     data: str = option("math_train", "training problems: bundled set, JSONL file or Hub id (paper: POLARIS-53K)")
+    data_columns: str | None = option(None, "columns of --data: problem=COL,answer=COL,id=COL (the problem column "
+                                            "holds text or a chat prompt of one user message; default problem, "
+                                            "answer, id)")
+    reward: str | None = option(None, "the task's reward r(x, y), MODULE:FUNCTION or PATH.py:FUNCTION with signature "
+                                      "(problem, completion_text) -> float (default: the math grader, task.py)")
     steps: int = option(100, "optimiser steps, one batch of rollouts each")
     out: str | None = option(None, "run directory (default runs/<preset>-<algo>)")
     resume: bool = option(False, "continue the run in --out from its last checkpoint (--steps may grow)")
@@ -99,7 +110,8 @@ class TrainConfig:
     adam_eps: float = option(1e-8, "AdamW epsilon")
     max_grad_norm: float = option(1.0, "clip each adapter's gradient to this norm (0: no clipping, as Tinker)")
     separate_aggregator: bool = option(False, "two-model variant: adapter phi writes and learns the aggregation traces")
-    micro_batch_tokens: int = option(32768, "padded tokens per training micro-batch")
+    micro_batch_tokens: int = option(40960, "tokens per training micro-batch: packed (--learner grouped: a whole "
+                                            "17.6k + 4 x 4,096-token aggregation group fits) or padded (per-sample)")
     logprob_chunk_size: int = option(256, "completion positions per lm_head chunk in the log-probs")
     generation_batch_size: int | None = option(None, "sequences per generate call (default: --generation-tokens)")
     generation_tokens: int | None = option(None, "KV-cache tokens (prompt + completion) per generate call (default: "
@@ -110,6 +122,16 @@ class TrainConfig:
                                                        "fast (fastgen.py: cascade KV cache, CUDA graphs; Qwen3 "
                                                        "only) or auto (fast on a GPU where it applies, else hf)")
     gradient_checkpointing: bool = option(True, "recompute decoder-layer activations in the backward pass")
+    # The learner's settings (shared_prompt.py, logprobs.py): how the gradient is computed, never what it is.
+    learner: Literal["grouped", "per-sample"] = option("grouped", "grouped: each prompt through the model once for "
+                                                       "all its completions (per-sample where a model does not "
+                                                       "support it); per-sample: one row per sample, the reference")
+    learner_attention: Literal["cudnn", "flash"] = option("cudnn", "the learner's attention kernel on a GPU: cudnn "
+                                                          "(flash where cuDNN cannot run) or flash; sampling keeps "
+                                                          "its own (no cuDNN: it crashed there, issue 18)")
+    keep_attention_outputs: bool = option(False, "with --gradient-checkpointing, keep each layer's attention "
+                                                 "output instead of recomputing it in the backward (Qwen3-4B: "
+                                                 "+6.5 GB at 21.7k tokens, computed)")
     device: str | None = option(None, "cuda or cpu (default: cuda if available)")
     cpu_threads: int | None = option(None, "torch threads on a CPU (default: torch's choice; tiny: 1)")
     warm_start_only: bool = option(False, "with --preset tiny and --out DIR: only build its warm-started base "
@@ -164,17 +186,17 @@ def loss_normalizer(cfg: TrainConfig, problems_kept: int) -> float:
     return max(problems_kept, 1) * token_budget_per_problem(cfg)
 
 
-def importance_sampling_loss(logprobs_N, sampler_logprobs_N, adv_N, normalizer: float):
+def importance_sampling_loss(logprobs_T, sampler_logprobs_T, adv_T, normalizer: float):
     """REINFORCE with importance sampling (Tinker's `importance_sampling` loss), flat over tokens:
 
         loss = -(1/C) sum_t exp(log pi_theta(y_t) - log pi_sampler(y_t)) A_t
 
     At ratio 1 its gradient is (1/C) sum_samples A(y) grad log pi_theta(y): search samples (A = A#_marg) sum to
     g_set(x) (line 14), aggregation samples (A = r - set mean) to g_std(x) (line 15), one sum is line 16, and C
-    holds line 18's 1/|B|. The ratio corrects for sampler and learner numerics differing. Returns (loss, ratio_N).
+    holds line 18's 1/|B|. The ratio corrects for sampler and learner numerics differing. Returns (loss, ratio_T).
     """
-    ratio_N = torch.exp(logprobs_N - sampler_logprobs_N)  # (N,)
-    return -(ratio_N * adv_N).sum() / normalizer, ratio_N
+    ratio_T = torch.exp(logprobs_T - sampler_logprobs_T)  # (T,)
+    return -(ratio_T * adv_T).sum() / normalizer, ratio_T
 
 
 def pack_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -190,15 +212,20 @@ def pack_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature: float = 1.0,
-                         micro_batch_tokens: int = 32768, chunk_size: int = 256,
-                         adapter_for_role: dict[str, str] | None = None, pad_token_id: int = 0) -> dict[str, float]:
+                         micro_batch_tokens: int = 40960, chunk_size: int = 256,
+                         adapter_for_role: dict[str, str] | None = None, pad_token_id: int = 0,
+                         learner: str = "grouped", learner_attention: str = "cudnn") -> dict[str, float]:
     """Add the gradient of `importance_sampling_loss` over `samples` into the LoRA parameters' .grad.
 
     Each sample trains the adapter `adapter_for_role[role]` ("default" unless given; the two-model variant sends
     aggregation samples to phi). Every micro-batch divides by the same constant, so the split does not matter.
+    learner="grouped" runs each prompt once for all its completions (shared_prompt.py; per sample where
+    shared_prompt.unsupported(model) says it does not apply), "per-sample" one row per sample (the reference);
+    both give the same gradient. `learner_attention`: the SDPA kernels on a GPU (logprobs.learner_attention_backends).
     """
     adapter_for_role = adapter_for_role or {}
-    device = next(model.parameters()).device
+    base = unwrap(model)
+    device = next(base.parameters()).device
     trained = [s for s in samples if s.advantage != 0]  # a zero advantage has an exactly zero gradient
     for s in trained:
         if len(s.sampler_logprobs) != len(s.completion_ids):
@@ -207,35 +234,54 @@ def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature:
     by_adapter: dict[str, list] = {}
     for s in trained:
         by_adapter.setdefault(adapter_for_role.get(s.role, "default"), []).append(s)
+    grouped = learner == "grouped" and bool(trained) and not shared_prompt.unsupported(model)
+    backends = learner_attention_backends(learner_attention, device.type, base.dtype, masked=not grouped)
 
     loss_sum, ratios, entropy_by_role, tokens = 0.0, [], {}, 0
     for name, group in by_adapter.items():
-        with use_adapter(model, name), attention_backends():  # no cuDNN attention (issue 18), backward's recompute too
-            lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in group]
-            for indices in pack_micro_batches(lengths, micro_batch_tokens):
-                micro = [group[i] for i in indices]
-                batch = TokenBatch.from_samples(micro, pad_token_id, device)
-                logprobs_N, entropy_N = completion_logprobs(model, batch, temperature, chunk_size)  # (N,), (N,)
-                sampler_N = torch.tensor([lp for s in micro for lp in s.sampler_logprobs], device=device)  # (N,)
+        # The kernels and the grouped attention stay chosen over the backward: checkpointing recomputes the forward.
+        with use_adapter(model, name), sdpa_kernel(backends), \
+                (shared_prompt.sharing_prompts(model) if grouped else contextlib.nullcontext()):
+            for micro, forward in _micro_batches(model, group, grouped, micro_batch_tokens, pad_token_id, device,
+                                                 temperature, chunk_size, backends):
+                logprobs_T, entropy_T = forward()  # (T,), (T,) sample after sample, in the order of `micro`
+                sampler_T = torch.tensor([lp for s in micro for lp in s.sampler_logprobs], device=device)  # (T,)
                 lengths_b = torch.tensor([len(s.completion_ids) for s in micro], device=device)  # (b,)
                 adv_b = torch.tensor([s.advantage for s in micro], device=device, dtype=torch.float32)  # (b,)
-                adv_N = torch.repeat_interleave(adv_b, lengths_b)  # (N,): every token carries its sample's A
-                loss, ratio_N = importance_sampling_loss(logprobs_N, sampler_N, adv_N, loss_normalizer)
+                adv_T = torch.repeat_interleave(adv_b, lengths_b)  # (T,): every token carries its sample's A
+                loss, ratio_T = importance_sampling_loss(logprobs_T, sampler_T, adv_T, loss_normalizer)
                 loss.backward()
                 loss_sum += loss.item()
-                ratios.append(ratio_N.detach())
-                tokens += int(batch.attention_mask.sum())
-                for s, ent in zip(micro, torch.split(entropy_N, lengths_b.tolist())):
+                ratios.append(ratio_T.detach())
+                tokens += sum(len(s.prompt_ids) + len(s.completion_ids) for s in micro)  # the samples' own tokens
+                for s, ent in zip(micro, torch.split(entropy_T, lengths_b.tolist())):
                     entropy_by_role.setdefault(s.role, []).append(ent)
 
     return loss_metrics(loss_sum, len(trained), tokens, ratios, entropy_by_role)
 
 
+def _micro_batches(model, samples, grouped: bool, max_tokens: int, pad_token_id: int, device, temperature: float,
+                   chunk_size: int, backends: list):
+    """(samples of a micro-batch, a function computing their log-probs and entropies) for each micro-batch: packed
+    groups (each prompt once, shared_prompt.pack_groups) or right-padded rows (pack_micro_batches)."""
+    if grouped:
+        for parts in shared_prompt.pack_groups(shared_prompt.group_by_prompt(samples), max_tokens):
+            batch = shared_prompt.PackedBatch.from_parts(parts, device)
+            yield batch.samples, functools.partial(shared_prompt.grouped_logprobs, model, batch, temperature,
+                                                   chunk_size, backends)
+        return
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    for indices in pack_micro_batches(lengths, max_tokens):
+        micro = [samples[i] for i in indices]
+        batch = TokenBatch.from_samples(micro, pad_token_id, device)
+        yield micro, functools.partial(completion_logprobs, model, batch, temperature, chunk_size, backends=backends)
+
+
 def loss_metrics(loss_sum: float, samples_trained: int, tokens_trained: int, ratios: list, entropy_by_role: dict
                  ) -> dict[str, float]:
     """The train/* columns of a step (trl_spiral.py writes the same): the loss summed over micro-batches, what was
-    trained, the importance ratio over the trained tokens (`ratios`: (N,) tensors) and each role's mean entropy
-    (`entropy_by_role`: role -> (N,) tensors; a role with no token gets no column)."""
+    trained, the importance ratio over the trained tokens (`ratios`: (T,) tensors) and each role's mean entropy
+    (`entropy_by_role`: role -> (T,) tensors; a role with no token gets no column)."""
     metrics = {"train/loss": loss_sum, "train/samples_trained": samples_trained, "train/tokens_trained": tokens_trained}
     ratio_all = torch.cat(ratios) if ratios else torch.zeros(0)
     if ratio_all.numel():
@@ -296,11 +342,13 @@ class ProblemStream:
         return {"epoch": self.epoch, "index": self.index, "sha256": self.sha256}
 
 
-def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng) -> spiral.Rollouts:
-    """Algorithm 1, lines 1-13 and 15's advantage (spiral.collect_spiral), or the GRPO baseline's rollouts."""
+def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng, reward_fn=None) -> spiral.Rollouts:
+    """Algorithm 1, lines 1-13 and 15's advantage (spiral.collect_spiral), or the GRPO baseline's rollouts; rewards
+    from `reward_fn`, the task's r(x, y) (None: the math grader)."""
     common = dict(batch_problems=cfg.batch_problems, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                   target_length=cfg.target_length, rng=np_rng, max_draws=cfg.max_draws,
-                  micro_batch_size=cfg.generation_batch_size, tokens_per_micro_batch=cfg.generation_tokens)
+                  micro_batch_size=cfg.generation_batch_size, tokens_per_micro_batch=cfg.generation_tokens,
+                  reward_fn=reward_fn)
     if cfg.algo == "grpo":
         return spiral.collect_grpo(model, tokenizer, stream, group_size=cfg.group_size, **common)
     aggregator = (lambda: use_adapter(model, "aggregator")) if cfg.separate_aggregator else None
@@ -311,8 +359,9 @@ def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng) -
                                  **common)
 
 
-def train(cfg: TrainConfig, problems) -> None:
-    """cfg.steps steps of: collect a batch (lines 1-13), one gradient step on it (lines 14-18), log, checkpoint."""
+def train(cfg: TrainConfig, problems, reward_fn=None) -> None:
+    """cfg.steps steps of: collect a batch (lines 1-13), one gradient step on it (lines 14-18), log, checkpoint.
+    `reward_fn`: the task's checked r(x, y) (task.resolve; None: the math grader)."""
     model, tokenizer, optimizer, stream, np_rng, start, base_path = start_run(cfg, problems)
     adapter_for_role = {"aggregation": "aggregator"} if cfg.separate_aggregator else {}
     metrics_path = os.path.join(cfg.out, "metrics.jsonl")
@@ -326,16 +375,17 @@ def train(cfg: TrainConfig, problems) -> None:
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         with torch.no_grad():  # Algorithm 1, lines 1-13: search, sets, aggregation, rewards, advantages
-            rollouts = collect(cfg, model, tokenizer, bar.counting(stream), np_rng)
+            rollouts = collect(cfg, model, tokenizer, bar.counting(stream), np_rng, reward_fn)
         t1 = time.perf_counter()
-        fastgen.release()  # the fast sampler's KV arena goes back to the learner (no-op for the hf engine)
+        fastgen.release()  # the KV arena goes to the learner; fastgen keeps its graphs for the next step (hf: no-op)
         bar.stage("gradient")
         # Algorithm 1, lines 14-18: g = (1/|B|) sum_x [g_set(x) + g_std(x)], then one AdamW step along it.
         C = loss_normalizer(cfg, rollouts.metrics["problems_kept"])
         stats = train_step(model, optimizer, rollouts.samples, loss_normalizer=C, temperature=cfg.temperature,
                            micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk_size,
                            max_grad_norm=cfg.max_grad_norm, adapter_for_role=adapter_for_role,
-                           pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+                           pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+                           learner=cfg.learner, learner_attention=cfg.learner_attention)
         t2 = time.perf_counter()
         row = {"step": step, **rollouts.metrics, **stats, "train/loss_normalizer": C,
                "data/epoch": stream.epoch, "time/rollout_s": t1 - t0, "time/train_s": t2 - t1,
@@ -355,10 +405,14 @@ def train(cfg: TrainConfig, problems) -> None:
           + figures.first_last_table(checkpoint.read_metrics(metrics_path)))
 
 
-def enable_gradient_checkpointing(model) -> None:
+def enable_gradient_checkpointing(model, keep_attention_outputs: bool = False) -> None:
     """Non-reentrant activation checkpointing on every decoder layer: gradients reach the LoRA weights inside a
-    layer even though its input (the frozen embedding's output) does not require grad."""
+    layer even though its input (the frozen embedding's output) does not require grad. keep_attention_outputs:
+    selective checkpointing that saves the attention kernels' outputs, so the backward recomputes the layer's
+    linears but not its attention (logprobs.attention_kept_contexts)."""
     kwargs = {"use_reentrant": False}
+    if keep_attention_outputs:
+        kwargs["context_fn"] = attention_kept_contexts
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; gradient_* is deprecated there
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
@@ -395,7 +449,10 @@ def start_run(cfg: TrainConfig, problems):
     if cfg.separate_aggregator:
         add_lora(model, cfg.lora_rank, cfg.lora_alpha, TARGET_MODULES, "aggregator")
     if cfg.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
+        enable_gradient_checkpointing(model, cfg.keep_attention_outputs)
+    why = shared_prompt.unsupported(model) if cfg.learner == "grouped" else ""
+    if why:
+        print(f"train.py: --learner grouped does not apply to this model ({why}); the learner trains per sample")
     model.eval()
     optimizer = torch.optim.AdamW([{"params": lora_parameters(model, name)} for name in adapter_names(model)],
                                   lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
@@ -420,7 +477,7 @@ def start_run(cfg: TrainConfig, problems):
 # May change on --resume: none changes the algorithm (only an unchanged resume is bit-exact, though).
 RESUME_MUTABLE = {"steps", "save_every", "out", "resume", "overwrite", "device", "cpu_threads", "plot",
                   "micro_batch_tokens", "logprob_chunk_size", "generation_batch_size", "generation_tokens",
-                  "generation"}
+                  "generation", "learner", "learner_attention", "keep_attention_outputs"}
 
 
 class Diverged(Exception):
@@ -482,11 +539,18 @@ def main(argv: list[str] | None = None) -> int:
             saved = checkpoint.saved_config(explicit["out"])  # None: validate says "no checkpoint"
         cfg = resolve_config(explicit, saved)
         problems = validate(cfg)
+        reward_fn = cli.task_reward(cfg.reward, problems)  # --reward: imported and probed on one problem now
         checkpoint.lock_run_dir(cfg.out)  # one writer: a second train.py on OUT stops here, having written nothing
-        train(cfg, problems)
+        train(cfg, problems, reward_fn)
     except (ConfigError, checkpoint.CheckpointError) as exc:
         print(f"train.py: error: {exc}", file=sys.stderr)
         return 2
+    except task.RewardError as exc:  # the task's reward failed during training: its checkpoints stay good
+        exc.__traceback__ = exc.__context__ = None  # frees train()'s frame: its progress bar ends its line first
+        last = checkpoint.latest_checkpoint(cfg.out)
+        print(f"train.py: error: {exc}; stopped. " + (f"The last good checkpoint is {last}" if last else
+                                                      "No checkpoint was saved"), file=sys.stderr)
+        return 1
     except Diverged as exc:
         exc.__traceback__ = None  # frees train()'s frame, so its progress bar ends its line before this message
         rows, last = checkpoint.read_metrics(f"{cfg.out}/metrics.jsonl"), checkpoint.latest_checkpoint(cfg.out)

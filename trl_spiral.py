@@ -12,8 +12,10 @@ TRL's rollout_func is not used: TRL would then score and normalise the rows as G
 
 Settings. SpiralArguments holds SPIRAL's own (train.py's flags of the same meaning, from the same presets); TRL's go by
 TRL's names, with train.py's values as defaults (learning_rate, max_steps, max_completion_length, temperature, the AdamW
-settings, ...). Settings that would make the update something other than Algorithm 1's are PINNED (or DERIVED from
-N1, K, N2 and |B|): passing another value is a one-line error that says why.
+settings, ...). Every GRPOConfig field is classified in trl_args.FIELDS; one that would make the update something other
+than Algorithm 1's, or would be ignored, is pinned (or derived from N1, K, N2 and |B|): another value is a one-line
+error that says why, from the command line and from SpiralGRPOTrainer(model, reward_funcs, args, train_dataset) alike.
+The task: the reward_funcs given (TRL's signature), or --reward's r(problem, completion) (task.py), or the math grader.
 
 Where this departs from train.py:
   1. LoRA through peft: the same rank, alpha and modules, but peft's own initialisation (so not bit-identical).
@@ -33,6 +35,7 @@ Where this departs from train.py:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -50,11 +53,13 @@ import checkpoint
 import cli
 import rollout
 import spiral
+import task
 import train
+import trl_args
 from lora import TARGET_MODULES, write_json_atomic
-from problemset import Problem
+from problemset import Columns, Problem, problem_from_record
 from rollout import Completion
-from trl_args import parse_args
+from trl_args import STATE_FILE, read_spiral_states, resume_checkpoint  # noqa: F401 - trl_spiral.STATE_FILE
 
 try:
     import peft
@@ -70,7 +75,6 @@ except ImportError as exc:  # main() says so in one line; SpiralGRPOTrainer need
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings the Hub from every trainer it builds
 TESTED_WITH = {"trl": "1.16.0", "peft": "0.21.2"}  # this file overrides two private GRPOTrainer methods: pin TRL
-STATE_FILE = "spiral_state.json"  # in each OUT/checkpoint-N: the set draws' and problem redraws' state, per process
 
 # ----------------------------------------------------------------------------------------------------------------------
 # 1. Configuration: trl_args.py (SpiralArguments, TRL's settings with train.py's defaults, PINNED, derived_settings);
@@ -84,11 +88,9 @@ def lora_config(cfg: train.TrainConfig):
 
 
 def aggregation_reward(completions, answer, **_):
-    """r(x, y) (reward.reward) as a TRL reward function. GRPOTrainer needs one to be built; SpiralGRPOTrainer grades
-    inside spiral.collect_spiral (aggregation traces only) and never calls it."""
-    from reward import reward
-
-    return [reward(c, a) for c, a in zip(completions, answer)]
+    """The default task in TRL's signature: r(x, y) = reward.reward(y, gold), the math grader on the `answer` column
+    (looked up as spiral.reward, the grader spiral.collect_spiral uses by default)."""
+    return [spiral.reward(task.text_of(c), None if a is None else str(a)) for c, a in zip(completions, answer)]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -130,25 +132,92 @@ def _pad(rows: list[list], value, side: str, dtype) -> torch.Tensor:
 
 
 class SpiralGRPOTrainer(GRPOTrainer or object):
-    """GRPOTrainer whose rollouts are Algorithm 1's (spiral.collect_spiral) and whose loss is train.py's.
+    """GRPOTrainer whose rollouts are Algorithm 1's (spiral.collect_spiral) and whose loss is train.py's, built as
+    TRL's own: SpiralGRPOTrainer(model, reward_funcs, args, train_dataset, ...).
 
-    `spiral_config`: the train.TrainConfig of the run (N1, n, K, N2, L, T, ...); `problems`: the training problems,
-    from which dynamic sampling redraws. After each optimizer step, train.py's metrics row is appended to
-    `metrics_path` (when set, by process 0 only) and added to TRL's logs.
+    `reward_funcs`: TRL's reward functions f(prompts, completions, **columns) -> list[float] (summed with
+    args.reward_weights as TRL sums them; None: the math grader on the `answer` column; task.trl_reward adapts a
+    task's r(problem, completion)); they score the aggregation traces (and the search traces, for logging only).
+    `train_dataset`: a datasets.Dataset with a `prompt` column (text or one user message) and any others, which reach
+    the reward functions. `args`: a GRPOConfig, checked against SPIRAL's pins and derived values exactly as
+    trl_spiral.py's command line checks its flags (trl_args.check_grpo_config; None: trl_args.grpo_config(...)).
+    `spiral_config`: SPIRAL's own settings, a trl_args.SpiralArguments or train.TrainConfig (None: the paper
+    preset's N1, n, K, N2 and |B|). `peft_config` None: SPIRAL's LoRA (trl_args.SpiralArguments.lora_r). After each
+    optimizer step, train.py's metrics row is appended to `metrics_path` (when set, by process 0 only) and added to
+    TRL's logs. Not taken: reward models, tools, environments, rollout_func, an eval_dataset (ValueError).
     """
 
     # The loss divides by the whole batch's C (train.loss_normalizer), the same in every micro-batch: TRL's
     # training_step must not divide it again by the gradient-accumulation steps.
     loss_is_scaled_for_ga = True
 
-    def __init__(self, *args, spiral_config: train.TrainConfig, problems: list[Problem], **kwargs):
-        super().__init__(*args, **kwargs)
-        self.spiral, self.metrics_path, self.last_rollouts = spiral_config, None, None
+    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
+                 peft_config=None, *, spiral_config=None, **kwargs):
+        taken = {"eval_dataset": eval_dataset, "reward_processing_classes": reward_processing_classes,
+                 **{k: kwargs.get(k) for k in ("tools", "rollout_func", "environment_factory")}}
+        for name, value in taken.items():
+            if value is not None:
+                raise ValueError(f"SpiralGRPOTrainer takes no {name}: SPIRAL's rollout is spiral.collect_spiral "
+                                 "(evaluate with evaluate.py)")
+        reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs or
+                                                                                            aggregation_reward]
+        for i, function in enumerate(reward_funcs):
+            if isinstance(function, (str, torch.nn.Module)) or not callable(function):
+                raise ValueError(f"reward_funcs[{i}] is {type(function).__name__}: SpiralGRPOTrainer takes reward "
+                                 "functions f(prompts, completions, **columns) -> list[float] (wrap a reward model)")
+        if train_dataset is None or not hasattr(train_dataset, "__len__"):
+            raise ValueError("SpiralGRPOTrainer needs a train_dataset with a length (a datasets.Dataset): dynamic "
+                             "sampling redraws problems from it")
+        args = args if args is not None else trl_args.grpo_config(spiral_config)
+        cfg = trl_args.spiral_train_config(spiral_config, args)
+        trl_args.check_grpo_config(args, cfg)
+        problems = [problem_from_record(row, Columns(problem="prompt"), False, f"train_dataset row {i}")
+                    for i, row in enumerate(train_dataset)]
+        if not problems:
+            raise ValueError("train_dataset holds no problems")
+        torch.manual_seed(cfg.seed)  # peft draws LoRA's A from here
+        super().__init__(model, reward_funcs, args, train_dataset, None, processing_class, None, callbacks,
+                         optimizers, peft_config=peft_config if peft_config is not None else lora_config(cfg),
+                         **kwargs)
+        self.spiral, self.metrics_path, self.last_rollouts = cfg, None, None
         rank = self.accelerator.process_index  # each process draws its own sets; process 0's are train.py's
-        self._np_rng = np.random.default_rng(spiral_config.seed if rank == 0 else [spiral_config.seed, rank])
-        self._redraw = train.ProblemStream(problems, spiral_config.seed)  # dynamic sampling's extra problems
+        self._np_rng = np.random.default_rng(cfg.seed if rank == 0 else [cfg.seed, rank])
+        problems = self._drop_long_prompts(problems)
+        self._redraw = train.ProblemStream(problems, cfg.seed)  # dynamic sampling's extra problems
         self._row, self._stats, self._rollout_end = {}, None, 0.0
+        self._completions, self._reward_parts = {}, {}  # this step's Completions by text; per-function rewards
         self.add_callback(SpiralStateCallback(self))
+        self.spiral_reward(problems[0], "")  # the probe: a reward that fails here would fail in training
+
+    def _drop_long_prompts(self, problems: list[Problem]) -> list[Problem]:
+        """The problems whose search prompt fits --max_prompt_tokens (train.py drops them the same way); the dataset
+        TRL samples from is cut to them, with one line saying how many went."""
+        tokenizer, limit = self.processing_class, self.spiral.max_prompt_tokens
+        kept = [i for i, p in enumerate(problems)
+                if len(rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(p.problem))) <= limit]
+        if not kept:
+            raise cli.ConfigError(f"every problem's prompt is longer than --max_prompt_tokens {limit}")
+        if len(kept) < len(problems):
+            if self.accelerator.is_main_process:
+                print(f"trl_spiral.py: dropped {len(problems) - len(kept)} of {len(problems)} problems longer than "
+                      f"{limit} prompt tokens")
+            self.train_dataset = self.train_dataset.select(kept)
+        return [problems[i] for i in kept]
+
+    def spiral_reward(self, problem: Problem, text: str) -> float:
+        """r(x, y) for spiral.collect_spiral: TRL's reward functions on the problem's row (task.trl_rewards), with the
+        completion's token ids when this step generated it; each function's value kept for TRL's columns."""
+        completion = self._completions.get(text)
+        kwargs = {"trainer_state": self.state, "log_metric": self._log_metric, "log_extra": lambda *_: None}
+        if getattr(self, "async_loop", None) is not None:
+            kwargs["run_async"] = lambda c: asyncio.run_coroutine_threadsafe(c, self.async_loop).result()
+        total, parts = task.trl_rewards(self.reward_funcs, self.reward_weights.tolist(), problem.fields["prompt"],
+                                        text, completion.completion_ids if completion else None, problem.fields,
+                                        **kwargs)
+        if completion is not None:
+            self._reward_parts[id(completion.completion_ids)] = parts  # a Sample shares its Completion's list
+        return total
 
     def _generate_and_score_completions(self, inputs):
         """Algorithm 1, lines 1-13 and line 15's advantage for this process's problems (spiral.collect_spiral), as
@@ -158,15 +227,24 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         its N1 search and K N2 aggregation traces, and advantage-0 rows fill what dropped problems leave.
         """
         cfg, G, tokenizer = self.spiral, self.num_generations, self.processing_class
-        problems = [Problem(x["prompt"], x["answer"]) for x in inputs[::G]]  # (B / G,) problems x
+        problems = [problem_from_record(x, Columns(problem="prompt"), False, "a TRL batch row")
+                    for x in inputs[::G]]  # (B / G,) problems x
         queue = list(problems)
         several = self.accelerator.num_processes > 1  # every process must make the same generate calls: no redraw
-        backend = contextlib.nullcontext()
+        generate = spiral.generate
         if self.use_vllm:
             if self.state.global_step != self._last_loaded_step:  # push the LoRA-merged weights to vLLM, as TRL does
                 self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
-            backend = mock.patch.object(spiral, "generate", vllm_generate(self))  # collect_spiral has no generate=
+            generate = vllm_generate(self)
+        self._completions, self._reward_parts = {}, {}
+
+        def recording(*args, **kwargs):  # the reward functions get each completion's ids, as TRL gives them
+            out = generate(*args, **kwargs)
+            self._completions.update((c.text, c) for row in out for c in row)
+            return out
+
+        backend = mock.patch.object(spiral, "generate", recording)  # collect_spiral has no generate=
         start = time.perf_counter()
         if self.use_vllm:  # vLLM generates; the model is only read (generation_config), so nothing is gathered
             gathered = contextlib.nullcontext(self.accelerator.unwrap_model(self.model))
@@ -184,7 +262,8 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
                 target_length=cfg.target_length, rng=self._np_rng,
                 max_draws=len(problems) if several else (cfg.max_draws or 4 * len(problems)),
                 micro_batch_size=cfg.generation_batch_size, tokens_per_micro_batch=cfg.generation_tokens,
-                search_advantage_scale=1 / train.gradient_scale_M(cfg) if cfg.unbiased_set_rl else 1.0)
+                search_advantage_scale=1 / train.gradient_scale_M(cfg) if cfg.unbiased_set_rl else 1.0,
+                reward_fn=self.spiral_reward)
         seconds = time.perf_counter() - start
         self.last_rollouts = rollouts
 
@@ -219,11 +298,12 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
 
     def _log_trl_metrics(self, samples, eos_ids) -> None:
         """TRL's own columns (num_tokens, completions/*, reward*) over the rows trained (the kept problems') of all
-        processes; reward is r(x, y) of their aggregation traces (the only graded ones); and TRL's completions table
-        when asked for (--log_completions)."""
+        processes; reward is r(x, y) of their aggregation traces (the only trained on a reward), rewards/NAME/* each
+        reward function's value there; and TRL's completions table when asked for (--log_completions)."""
         from accelerate.utils import gather_object
 
-        rows = gather_object([(len(s.completion_ids), len(s.prompt_ids), s.completion_ids[-1] not in eos_ids, s.reward)
+        rows = gather_object([(len(s.completion_ids), len(s.prompt_ids), s.completion_ids[-1] not in eos_ids, s.reward,
+                               self._reward_parts.get(id(s.completion_ids)) if s.reward is not None else None)
                               for s in samples])  # one collective; per row: length, prompt tokens, no EOS (cut at L)
         lengths, prompt_tokens, truncated = ([row[i] for row in rows] for i in range(3))
         rewards = [row[3] for row in rows if row[3] is not None]
@@ -236,10 +316,13 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
             metrics["completions/max_length"].append(float(max(lengths)))
             metrics["completions/clipped_ratio"].append(float(np.mean(truncated)))
         if rewards:
-            for key in ("reward", f"rewards/{self.reward_func_names[0]}/mean"):
-                metrics[key].append(float(np.mean(rewards)))
-            for key in ("reward_std", f"rewards/{self.reward_func_names[0]}/std"):
-                metrics[key].append(float(np.std(rewards)))
+            metrics["reward"].append(float(np.mean(rewards)))
+            metrics["reward_std"].append(float(np.std(rewards)))
+        for i, name in enumerate(self.reward_func_names):  # None from a function: not its row (TRL's nanmean)
+            values = [row[4][i] for row in rows if row[4] is not None and not math.isnan(row[4][i])]
+            if values:
+                metrics[f"rewards/{name}/mean"].append(float(np.mean(values)))
+                metrics[f"rewards/{name}/std"].append(float(np.std(values)))
         if self.log_completions:  # TRL's completions table, with SPIRAL's advantages and rewards
             self._logs["prompt"].extend(self.processing_class.decode(s.prompt_ids) for s in samples)
             self._logs["completion"].extend(self.processing_class.decode(s.completion_ids) for s in samples)
@@ -267,11 +350,11 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         sampler_BT = inputs["sampling_per_token_logps"]  # (B, T)
         sampler_BT = torch.where(torch.isnan(sampler_BT), logps_BT.detach(), sampler_BT)  # unscored by vLLM: ratio 1
         adv_BT = adv_B[:, None].expand_as(logps_BT)  # (B, T): every token carries its trace's A
-        loss, ratio_N = train.importance_sampling_loss(logps_BT[mask_BT], sampler_BT[mask_BT], adv_BT[mask_BT],
+        loss, ratio_T = train.importance_sampling_loss(logps_BT[mask_BT], sampler_BT[mask_BT], adv_BT[mask_BT],
                                                        float(inputs["normalizer"]))
-        entropy_N = entropy_BT[mask_BT].detach().float()  # (N,), float32: bf16 could not count past 256 exactly
+        entropy_T = entropy_BT[mask_BT].detach().float()  # (T,), float32: bf16 could not count past 256 exactly
         # TRL's column: mean over the trained tokens of all processes, as one all-reduce of [sum, count] (float32)
-        totals = self.accelerator.reduce(torch.stack([entropy_N.sum(), entropy_N.new_tensor(entropy_N.numel())]),
+        totals = self.accelerator.reduce(torch.stack([entropy_T.sum(), entropy_T.new_tensor(entropy_T.numel())]),
                                          reduction="sum")  # (2,); one process: a copy
         self._metrics["train"]["entropy"].append(float(totals[0] / totals[1].clamp(min=1)))
         if self._stats is not None:  # train.py's train/* metrics, over trained samples only
@@ -279,7 +362,7 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
             s["loss"] += loss.item()
             s["samples"] += int(trained_B.sum())
             s["tokens"] += int(attention_mask[trained_B].sum())
-            s["ratios"].append(ratio_N.detach())
+            s["ratios"].append(ratio_T.detach())
             for role, rows_B in [("search", trained_B & inputs["is_search"]), ("aggregation",
                                                                                trained_B & ~inputs["is_search"])]:
                 s["entropy"].setdefault(role, []).append(entropy_BT[rows_B][mask_BT[rows_B]].detach())
@@ -297,7 +380,10 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
                 row["train/grad_norm"] = float(logs["grad_norm"])
             row |= {"data/epoch": int(self.state.epoch or 0), "time/train_s": time.perf_counter() - self._rollout_end}
             self._row = {}
-            logs.update({key: value for key, value in row.items() if key != "step"})
+            # TRL's trackers prefix every key with train/ (transformers' rewrite_logs): train.py's train/* columns go
+            # without theirs, and where TRL logs the same quantity (loss, grad_norm) TRL's value stands.
+            logs.update({key.removeprefix("train/"): value for key, value in row.items()
+                         if key != "step" and key.removeprefix("train/") not in logs})
             if self.accelerator.is_main_process and self.metrics_path:
                 checkpoint.append_metrics(self.metrics_path, row)
                 print(f"trl_spiral.py: step {row['step']}/{self.state.max_steps}: accuracy search "
@@ -340,24 +426,6 @@ class SpiralStateCallback(TrainerCallback):
         return control
 
 
-def read_spiral_states(checkpoint_dir: str, processes: int) -> list[dict]:
-    """spiral_state.json's per-process states, checked: CheckpointError if missing, corrupt or for another number of
-    processes (each process's set draws continue its own stream)."""
-    path = os.path.join(checkpoint_dir, STATE_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise checkpoint.CheckpointError(f"{path} is missing or corrupt ({checkpoint.first_line(exc)})") from None
-    states = saved.get("processes") if isinstance(saved, dict) else None
-    if not isinstance(states, list) or not all(isinstance(s, dict) and {"numpy", "data"} <= set(s) for s in states):
-        raise checkpoint.CheckpointError(f"{path} is corrupt (no per-process SPIRAL state)")
-    if len(states) != processes:
-        raise checkpoint.CheckpointError(f"{path} was written by {len(states)} processes, this run has {processes}; "
-                                         "resume with the same number of processes")
-    return states
-
-
 # ======================================================================================================================
 # Plumbing below: input validation (the command line itself is trl_args.parse_args) and the run directory.
 
@@ -367,8 +435,16 @@ def resolve(argv) -> tuple[train.TrainConfig, GRPOConfig, list[Problem]]:
     if MISSING is not None:
         raise cli.ConfigError(f"needs trl and peft ({MISSING}); pip install trl=={TESTED_WITH['trl']} "
                               f"peft=={TESTED_WITH['peft']}")
-    _, args, cfg = parse_args(argv)
-    problems = cli.validate(cfg, resume_flag="--resume_from_checkpoint")
+    _, args, cfg = trl_args.parse_args(argv)
+    trl_args.check_resume_path(args.resume_from_checkpoint, cfg.out)
+    if args.reward_weights is not None and len(args.reward_weights) != 1:
+        raise cli.ConfigError(f"--reward_weights {args.reward_weights}: one weight per reward function, and "
+                              "trl_spiral.py has one (--reward, or the math grader)")
+    try:
+        problems = cli.validate(cfg, resume_flag="--resume_from_checkpoint")
+        cli.task_reward(cfg.reward, problems)  # --reward: imported and probed on one problem now
+    except cli.ConfigError as exc:
+        raise cli.ConfigError(trl_args.trl_flag_names(str(exc))) from None
     if args.use_vllm and not (torch.cuda.is_available() and _installed("vllm")):
         raise cli.ConfigError("--use_vllm needs a CUDA GPU and vllm (pip install trl[vllm])")
     if (trl.__version__, peft.__version__) != (TESTED_WITH["trl"], TESTED_WITH["peft"]) and args.process_index == 0:
@@ -382,39 +458,19 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def resume_checkpoint(cfg: train.TrainConfig, args) -> str | None:
-    """--resume_from_checkpoint: `true`/`latest` for the newest OUT/checkpoint-N holding spiral_state.json, or a path;
-    that checkpoint and OUT/config.json are checked against this run's settings (ConfigError / CheckpointError)."""
-    if args.resume_from_checkpoint is None:
-        return None
-    if args.resume_from_checkpoint.lower() in ("true", "latest"):
-        steps = [e for e in os.listdir(cfg.out) if e.startswith("checkpoint-") and e[11:].isdigit()
-                 and os.path.isfile(os.path.join(cfg.out, e, STATE_FILE))]
-        if not steps:
-            raise cli.ConfigError(f"--resume_from_checkpoint: no complete checkpoint-N in {cfg.out}")
-        path = os.path.join(cfg.out, max(steps, key=lambda e: int(e[11:])))
-    else:
-        path = args.resume_from_checkpoint
-        if not os.path.isfile(os.path.join(path, "trainer_state.json")):
-            raise cli.ConfigError(f"--resume_from_checkpoint {path}: not a TRL checkpoint (no trainer_state.json)")
-    read_spiral_states(path, args.world_size)
-    saved = checkpoint.saved_config(cfg.out) or {}
-    for key, value in dataclasses.asdict(cfg).items():
-        if key not in train.RESUME_MUTABLE and key in saved and saved[key] != value:
-            raise cli.ConfigError(f"--resume_from_checkpoint: {key} = {value} differs from the run's {saved[key]}; "
-                                  "resume with the run's settings, or start a new run")
-    return path
-
-
 def build_trainer(cfg: train.TrainConfig, args, model, tokenizer, problems) -> SpiralGRPOTrainer:
-    """SpiralGRPOTrainer for `model` (a transformers causal LM; peft adds the LoRA) on `problems`."""
+    """SpiralGRPOTrainer for `model` (a transformers causal LM; peft adds the LoRA) on `problems`, whose every column
+    reaches the reward: --reward's r(x, y) in TRL's signature (task.trl_reward), or the math grader."""
     from datasets import Dataset
 
-    torch.manual_seed(cfg.seed)  # peft draws LoRA's A from here
-    return SpiralGRPOTrainer(
-        model=model, reward_funcs=aggregation_reward, args=args,
-        train_dataset=Dataset.from_list([{"prompt": p.problem, "answer": p.answer} for p in problems]),
-        processing_class=tokenizer, peft_config=lora_config(cfg), spiral_config=cfg, problems=problems)
+    column = Columns.parse(cfg.data_columns).problem  # the prompt as the file holds it: text or one user message
+    rows = [{**p.fields, "prompt": p.fields.get(column, p.problem), "answer": p.answer,
+             **({"id": p.id} if p.id is not None else {})} for p in problems]  # the id: in the data's fingerprint
+    reward_funcs = [task.trl_reward(task.checked(task.load_reward(cfg.reward), cfg.reward))] if cfg.reward else None
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # from_list would keep only row 0's columns
+    dataset = Dataset.from_dict({key: [row.get(key) for row in rows] for key in columns})
+    return SpiralGRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset,
+                             processing_class=tokenizer, peft_config=lora_config(cfg), spiral_config=cfg)
 
 
 def _on_main(args, action) -> None:
@@ -454,10 +510,6 @@ def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrai
         model, tokenizer = rollout.load_policy(cfg.model, device=str(args.device), dtype=cfg.dtype)
     except Exception as exc:  # noqa: BLE001 - a bad model directory fails in many ways; one line names it
         raise cli.ConfigError(f"--model_name_or_path {cfg.model}: cannot load it ({checkpoint.first_line(exc)})")
-    kept = [p for p in problems if len(rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(p.problem)))
-            <= cfg.max_prompt_tokens]
-    if not kept:
-        raise cli.ConfigError(f"every problem's prompt is longer than --max_prompt_tokens {cfg.max_prompt_tokens}")
     resume_from = resume_checkpoint(cfg, args)
     step = None
     if resume_from:
@@ -468,11 +520,12 @@ def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrai
         checkpoint.lock_run_dir(cfg.out)
         checkpoint.prepare_run_dir(cfg.out, config={**dataclasses.asdict(cfg), "trl": args.to_dict(),
                                                     "gradient_scale_M": train.gradient_scale_M(cfg),
-                                                    "versions": checkpoint.versions(args.device)},
+                                                    "versions": checkpoint.versions(args.device)
+                                                    | trl_args.engine_versions()},
                                    overwrite=cfg.overwrite, resume_step=step)
 
     _on_main(args, claim_run_dir)
-    trainer = build_trainer(cfg, args, model, tokenizer, kept)
+    trainer = build_trainer(cfg, args, model, tokenizer, problems)
     trainer.remove_callback(PrinterCallback)  # one line per step instead (SpiralGRPOTrainer.log)
     trainer.metrics_path = os.path.join(cfg.out, "metrics.jsonl")
     if resume_from:
@@ -502,6 +555,11 @@ def main(argv: list[str] | None = None) -> int:
     except (cli.ConfigError, checkpoint.CheckpointError) as exc:
         print(f"trl_spiral.py: error: {exc}", file=sys.stderr)
         return 2
+    except task.RewardError as exc:  # the task's reward failed in training: TRL's checkpoints stay good
+        exc.__traceback__ = exc.__context__ = None
+        print(f"trl_spiral.py: error: {exc}; stopped (--resume_from_checkpoint true continues from the last "
+              "checkpoint)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:
         exc.__traceback__ = None
         print("trl_spiral.py: interrupted; continue from the last checkpoint with --resume_from_checkpoint true "

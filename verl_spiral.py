@@ -135,3 +135,7 @@ def spiral_trainer_class():
 
     _TRAINER = SpiralPPOTrainer
     return _TRAINER
+
+
+if __name__ == "__main__":  # a library: prints what it holds, runs nothing (needs numpy, torch, advantages.py)
+    print(__doc__)

@@ -39,6 +39,9 @@ CPU part (runs in CI at --small size):
               returned to the OS (malloc_trim), the kernel's peak-RSS counter is reset (/proc/self/clear_refs 5),
               and the path's peak is VmHWM - VmRSS measured before it (fallback: ru_maxrss delta). tracemalloc
               would see none of torch's allocations, and torch has no CPU peak-memory counter.
+  9. learner  train.accumulate_gradients with the grouped learner (shared_prompt.py: each prompt once per group)
+              against the per-sample learner on one SPIRAL step's samples of `train.py --preset tiny`, timed
+              alternately in one process (medians): the time ratio, and the tokens each passes through the model.
   7. decode   one decode step of rollout.generate(engine="hf") and engine="fast" (fastgen.py, eager on a CPU) on the
               tiny model at batch 64 (8 prompts x 8 samples, LoRA r=32 active): milliseconds per step (generate
               with 1 + n new tokens minus with 1, over n; minimum of repeats), a proxy for per-step overhead; and the
@@ -48,8 +51,9 @@ GPU rows 2-4 take --engine hf|fast (fast: fastgen.py, the decode step replayed a
 
 Run it (from the repository root):
     python benchmarks/bench.py --cpu --json cpu.json                   # 5, at 4,096 tokens (~4 min, shared 2-core CPU)
-    python benchmarks/bench.py --cpu --small                           # 5, at 512 tokens, and 7 (what CI runs)
+    python benchmarks/bench.py --cpu --small                           # 5 at 512 tokens, 7 and 9 (what CI runs)
     python benchmarks/bench.py --cpu --cpu-parts decode --json d.json  # 7 alone (~1 min)
+    python benchmarks/bench.py --cpu --cpu-parts learner               # 9 alone (~1 min)
     python benchmarks/bench.py --only generate --engine fast           # 2 with fastgen.py
     python benchmarks/bench.py --json gpu.json                         # 1-4 on a CUDA GPU (see README for time)
     python benchmarks/bench.py --only train,generate                   # a subset
@@ -79,16 +83,18 @@ import checkpoint  # noqa: E402
 import cli  # noqa: E402
 # Re-exported: benchmarks/decode.py and the tests reach these as bench.<name>.
 from bench_cpu import (CopyCounter, logprob_worker, measure_decode, naive_completion_logprobs,  # noqa: E402,F401
-                       run_cpu_part, run_decode_part)
+                       run_cpu_part, run_decode_part, run_learner_part)
 from bench_gpu import (GPU_MEASUREMENTS, SCALES, Scale, measure_aggregation, measure_generate,  # noqa: E402,F401
                        measure_spiral_step, measure_train_step, print_result, run_gpu_part)
 from bench_kit import (GB, MODEL_CONFIGS, QWEN3_4B, TOY, Meter, attention_flops, build_policy,  # noqa: E402,F401
-                       decoder_matmul_params, kv_bytes_per_token, lora_params, measure_floors, random_words,
-                       synthetic_tokenizer, train_step_flops, weight_bytes)
+                       decoder_matmul_params, grouped_step_flops, kv_bytes_per_token, lora_params, measure_floors,
+                       random_words, synthetic_tokenizer, train_step_flops, weight_bytes, write_json)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Command line
+
+CPU_PARTS = ("logprobs", "decode", "learner")
 
 
 def save_random_model(out_dir: str, size: str, device: str | None) -> int:
@@ -104,12 +110,13 @@ def save_random_model(out_dir: str, size: str, device: str | None) -> int:
     print(f"bench.py: saved Qwen3 ({size}, random weights) and the synthetic tokenizer to {out_dir}")
     return 0
 
+
 def build_parser() -> argparse.ArgumentParser:
     p = cli.OneLineParser(prog="bench.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--cpu", action="store_true", help="run the CPU part (5: log-prob memory, 7: decode step cost) "
-                                                        "instead of the GPU part")
-    p.add_argument("--cpu-parts", type=lambda s: s.split(","), default=["logprobs", "decode"],
-                   help="CPU part: comma-separated subset of logprobs,decode")
+    p.add_argument("--cpu", action="store_true", help="run the CPU part (5: log-prob memory, 7: decode step cost, "
+                                                        "9: grouped / per-sample learner) instead of the GPU part")
+    p.add_argument("--cpu-parts", type=lambda s: s.split(","), default=list(CPU_PARTS),
+                   help=f"CPU part: comma-separated subset of {','.join(CPU_PARTS)}")
     p.add_argument("--small", action="store_true", help="CPU part at 512 completion tokens, chunk 128, and 8 decode "
                                                           "steps timed once (CI)")
     p.add_argument("--chunk-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
@@ -194,6 +201,15 @@ def _meminfo_kib(field: str) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:
+        exc.__traceback__ = None
+        print("bench.py: interrupted; the measurements finished so far are in --json (if given)", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
         args = build_parser().parse_args(argv)
         check_args(args)
     except cli.ConfigError as exc:
@@ -205,13 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_model:
         return save_random_model(args.save_model, args.size, args.device)
     if args.cpu:
-        unknown = [k for k in args.cpu_parts if k not in ("logprobs", "decode")]
+        unknown = [k for k in args.cpu_parts if k not in CPU_PARTS]
         if unknown:
-            print(f"bench.py: error: --cpu-parts {','.join(unknown)}: choose from logprobs,decode", file=sys.stderr)
+            print(f"bench.py: error: --cpu-parts {','.join(unknown)}: choose from {','.join(CPU_PARTS)}",
+                  file=sys.stderr)
             return 2
         results = run_cpu_part(args) if "logprobs" in args.cpu_parts else {}
         if "decode" in args.cpu_parts:
             results["decode"] = run_decode_part(args)
+        if "learner" in args.cpu_parts:
+            results["learner"] = run_learner_part(args)
     else:
         unknown = [k for k in args.only if k not in GPU_MEASUREMENTS]
         if unknown:
@@ -226,14 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.size == "4b" and not device.startswith("cuda"):
             print("bench.py: error: --size 4b needs --device cuda (use --size toy on CPU)", file=sys.stderr)
             return 2
-        results = run_gpu_part(args)
+        results = run_gpu_part(args)  # writes --json after every measurement too
     if args.json:
-        tmp = f"{args.json}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump({"written_by": "bench.py", **results}, f, indent=2)
-        os.replace(tmp, args.json)
+        write_json(args.json, results)
         print(f"bench.py: wrote {args.json}")
     return 0
+
 
 
 if __name__ == "__main__":

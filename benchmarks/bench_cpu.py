@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config  # noqa: E402
 
 import lora  # noqa: E402
 import rollout  # noqa: E402
+import shared_prompt  # noqa: E402
 import spiral  # noqa: E402
 import tiny  # noqa: E402
 import train  # noqa: E402
@@ -230,3 +231,63 @@ def run_decode_part(args) -> dict:
     return results
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Row 9, CPU: the grouped learner against the per-sample learner on the demo's own batch
+
+
+def run_learner_part(args) -> dict:
+    """9. train.accumulate_gradients with learner="grouped" (each prompt once per group) and "per-sample" (one row per
+    sample) on one SPIRAL step's samples of `train.py --preset tiny` (the warm start, its settings: no checkpointing,
+    8,192-token micro-batches), timed alternately in one process: the ratio is what this measures."""
+    import numpy as np
+
+    import problemset
+
+    repeats = 2 if args.small else 7
+    cfg = train.resolve_config({"preset": "tiny"})
+    torch.manual_seed(0)
+    model, tokenizer = rollout.load_policy(cfg.model, device="cpu")
+    lora.add_lora(model, cfg.lora_rank, cfg.lora_alpha)
+    with torch.no_grad():  # B != 0: as after a few steps of training, every LoRA matmul matters
+        for p in lora.lora_parameters(model):
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.01)
+    model.eval()
+    stream = train.ProblemStream(problemset.load_problems(cfg.data), cfg.seed)
+    with torch.no_grad():
+        rollouts = train.collect(cfg, model, tokenizer, stream, np.random.default_rng(cfg.seed))
+    samples = rollouts.samples
+    kwargs = dict(loss_normalizer=train.loss_normalizer(cfg, rollouts.metrics["problems_kept"]),
+                  temperature=cfg.temperature, micro_batch_tokens=cfg.micro_batch_tokens,
+                  chunk_size=cfg.logprob_chunk_size, pad_token_id=tokenizer.pad_token_id)
+    times, grads = {"grouped": [], "per-sample": []}, {}
+    model.train()
+    for _ in range(repeats):
+        for learner in times:
+            model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            train.accumulate_gradients(model, samples, learner=learner, **kwargs)
+            times[learner].append(time.perf_counter() - t0)
+            grads[learner] = [p.grad.clone() for p in lora.lora_parameters(model)]
+    trained = [s for s in samples if s.advantage != 0]
+    tokens_in = {"per-sample": sum(len(s.prompt_ids) + len(s.completion_ids) for s in trained),
+                 "grouped": sum(len(g[0].prompt_ids) + sum(len(s.completion_ids) for s in g)
+                                for g in shared_prompt.group_by_prompt(trained))}
+    median = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    result = {"date": time.strftime("%Y-%m-%d"), "torch_threads": torch.get_num_threads(), "repeats": repeats,
+              "samples_trained": len(trained), "groups": len(shared_prompt.group_by_prompt(trained)),
+              "tokens_through_the_model": tokens_in, "seconds": times, "median_s": median,
+              "time_ratio_per_sample_over_grouped": median["per-sample"] / median["grouped"],
+              "max_rel_grad_diff": max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+                                       for a, b in zip(grads["grouped"], grads["per-sample"]))}
+    print(f"[9 learner] tiny preset, one SPIRAL step's {len(trained)} samples in {result['groups']} groups: grouped "
+          f"{median['grouped']:.3f} s, per-sample {median['per-sample']:.3f} s (medians of {repeats}, alternating, "
+          f"{result['torch_threads']} threads): x{result['time_ratio_per_sample_over_grouped']:.2f}; tokens through "
+          f"the model {tokens_in['grouped']:,} / {tokens_in['per-sample']:,} (without padding); max rel. gradient "
+          f"difference {result['max_rel_grad_diff']:.1e}")
+    return result
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import cli
+
+    cli.library_main(__doc__, "bench_cpu.py", "benchmarks/bench.py uses")

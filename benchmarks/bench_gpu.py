@@ -20,16 +20,18 @@ for path in (os.path.dirname(HERE), HERE):
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from torch.nn.attention import SDPBackend  # noqa: E402
 
 import fastgen  # noqa: E402
+import logprobs  # noqa: E402
 import lora  # noqa: E402
 import problemset  # noqa: E402
 import rollout  # noqa: E402
 import spiral  # noqa: E402
 import train  # noqa: E402
 from bench_kit import (GB, SPECIAL_TOKENS, Meter, build_policy, datasheet_tflops, floor_seconds,  # noqa: E402
-                       kv_bytes_per_token, lora_params, measure_floors, prefill_flops, random_words, train_step_flops,
-                       weight_bytes)
+                       grouped_step_flops, kv_bytes_per_token, lora_params, measure_floors, prefill_flops,
+                       random_words, train_step_flops, weight_bytes, write_json)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -82,9 +84,13 @@ def measure_train_step(model, tokenizer, scale: Scale, device: str, floors: dict
     sample = spiral.Sample(prompt_ids, completion_ids, [-math.log(V)] * len(completion_ids), 1.0, "aggregation")
     T = len(prompt_ids) + len(completion_ids)
     defaults = train.TrainConfig()
+    # Row 1 as measured on 2026-11-25: the per-sample path, flash attention unless a caller (decode.py --mfu) adds
+    # cuDNN to logprobs.ATTENTION_BACKENDS. The learner's own variants are measure_learner's.
+    cudnn = SDPBackend.CUDNN_ATTENTION in logprobs.ATTENTION_BACKENDS
     kwargs = dict(loss_normalizer=float(len(completion_ids)), temperature=1.0,
                   micro_batch_tokens=max(defaults.micro_batch_tokens, T), chunk_size=defaults.logprob_chunk_size,
-                  pad_token_id=tokenizer.pad_token_id)
+                  pad_token_id=tokenizer.pad_token_id, learner="per-sample",
+                  learner_attention="cudnn" if cudnn else "flash")
     optimizer = torch.optim.AdamW(lora.lora_parameters(model), lr=1e-9)
     model.train()
     train.train_step(model, optimizer, [sample], **kwargs)  # warm-up; allocates AdamW's state as in training
@@ -187,14 +193,18 @@ def _coin_flip_rewards(seed: int = 0):
 
 
 @contextlib.contextmanager
-def _timed_generate_calls(calls: list):
-    """Record the wall time of each rollout.generate call that spiral makes (search first, then aggregation)."""
+def _timed_generate_calls(calls: list, announce: str | None = None):
+    """Record the wall time of each rollout.generate call that spiral makes (search first, then aggregation);
+    `announce`: also print each as it ends (a run cut short keeps them in its log)."""
     saved = spiral.generate
 
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
         out = saved(*args, **kwargs)  # returns Python lists: the device is synchronised
         calls.append(time.perf_counter() - t0)
+        if announce:
+            print(f"{announce} {len(calls)}: {len(out)} prompt(s) x {len(out[0]) if out else 0} in "
+                  f"{calls[-1]:.1f} s", flush=True)
         return out
 
     spiral.generate = timed
@@ -252,8 +262,149 @@ def measure_spiral_step(model, tokenizer, scale: Scale, device: str, floors: dic
     return result
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Issue 33's figures: the learner's variants, train.py's aggregation call, one train.py step. Each prints the step
+# model's prediction (benchmarks/step_model.py, fitted on an H100) beside the measurement at the 4B size.
+
+
+def _step_model():
+    """benchmarks/step_model.py (imported when used: its fit reads the H100 session's files)."""
+    import step_model
+
+    return step_model
+
+
+def _aggregation_group(model, tokenizer, scale: Scale) -> list:
+    """The paper's longest aggregation group: a ~17.6k-token prompt and N2 completions of 4,096 random tokens, with
+    advantages +-1 (none zero: all are trained)."""
+    rng = np.random.default_rng(1)
+    V = model.config.vocab_size
+    prompt_ids = rollout.chat_prompt_ids(tokenizer, aggregation_prompt_text(scale, V, rng))
+    L = scale.train_completion_tokens
+    return [spiral.Sample(prompt_ids, rng.integers(len(SPECIAL_TOKENS), V, L).tolist(), [-math.log(V)] * L,
+                          (-1.0) ** i, "aggregation") for i in range(scale.num_aggregations)]
+
+
+def measure_learner(model, tokenizer, scale: Scale, device: str, floors: dict, size: str = "4b") -> dict:
+    """The learner on one aggregation group, 8 ways: grouped (shared_prompt.py: the group in one micro-step) and
+    per-sample (today's path: one of the group's N2 micro-steps, row 1's shape; a group costs N2 of them), each with
+    flash or cuDNN attention, recomputing or keeping attention outputs. Time and peak memory of
+    train.accumulate_gradients after a warm-up; MFU from bench_kit's model FLOPs."""
+    whole = _aggregation_group(model, tokenizer, scale)
+    P, L = len(whole[0].prompt_ids), len(whole[0].completion_ids)
+    rate = floors["matmul_TFLOPs"] * 1e12
+    n_lora = lora_params(model)
+    result = {"prompt_tokens": P, "completion_tokens": L, "completions": len(whole)}
+    for learner in ("grouped", "per-sample"):
+        group = whole if learner == "grouped" else whole[:1]
+        flops = ([grouped_step_flops(model.config, P, [L] * len(group), n_lora)] if learner == "grouped"
+                 else [train_step_flops(model.config, P + L, L, n_lora)])
+        model_flops = sum(f["model_flops"] for f in flops)
+        for attention in ("flash", "cudnn"):
+            for keep in (False, True):
+                key = f"{learner}_{attention}" + ("_keep" if keep else "")
+                kwargs = dict(loss_normalizer=float(L), micro_batch_tokens=train.TrainConfig.micro_batch_tokens,
+                              chunk_size=train.TrainConfig.logprob_chunk_size, pad_token_id=tokenizer.pad_token_id,
+                              learner=learner, learner_attention=attention)
+                try:
+                    train.enable_gradient_checkpointing(model, keep_attention_outputs=keep)
+                    model.train()
+                    train.accumulate_gradients(model, group, **kwargs)  # warm-up: kernels chosen, memory cached
+                    model.zero_grad(set_to_none=True)
+                    with Meter(device) as meter:
+                        train.accumulate_gradients(model, group, **kwargs)
+                    r = {"completions_trained": len(group), "seconds": meter.seconds,
+                         "peak_memory_GB": meter.peak_bytes / GB, "model_TFLOP": model_flops / 1e12,
+                         "mfu": model_flops / meter.seconds / rate}
+                except Exception as e:  # noqa: BLE001 - an out-of-memory or a kernel failure is a result too
+                    r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                finally:
+                    model.zero_grad(set_to_none=True)
+                    model.eval()
+                if size == "4b":  # the step model describes Qwen3-4B on an H100
+                    r["model_seconds"] = _step_model().predict_learner(flops, attention, keep)
+                result[key] = r
+                print_result("learner_row", {"key": key, **result, **r})
+    train.enable_gradient_checkpointing(model)
+    return result
+
+
+def measure_aggregation_call(model, tokenizer, scale: Scale, device: str, floors: dict, size: str = "4b") -> dict:
+    """train.py's aggregation call: agg_prompts prompts (13 at 4B: what rollout.generate plans for 17.6k-token
+    prompts x 4 on an 80 GB card) x N2 samples x agg_new_tokens, planned by rollout.generate itself (the free GPU
+    memory decides the calls, as in train.py). Calls made, time (the first call: compilation and graph captures
+    included), peak memory."""
+    rng = np.random.default_rng(3)
+    prompts = [aggregation_prompt_text(scale, model.config.vocab_size, rng) for _ in range(scale.agg_prompts)]
+    calls = []
+    real = fastgen.sample_micro_batch
+
+    def counted(model_, prompt_ids, copies, *args):
+        calls.append(len(prompt_ids))
+        return real(model_, prompt_ids, copies, *args)
+
+    fastgen.sample_micro_batch = counted
+    try:
+        with Meter(device) as meter:
+            out = rollout.generate(model, tokenizer, prompts, samples_per_prompt=scale.agg_samples,
+                                   max_new_tokens=scale.agg_new_tokens)
+    finally:
+        fastgen.sample_micro_batch = real
+        fastgen.release()
+    P = int(np.mean([len(row[0].prompt_ids) for row in out]))
+    r = {"prompts": scale.agg_prompts, "samples_per_prompt": scale.agg_samples, "prompt_tokens": P,
+         "new_tokens": scale.agg_new_tokens, "prompts_per_call": calls, "seconds": meter.seconds,
+         "peak_memory_GB": meter.peak_bytes / GB,
+         "tokens_generated": sum(len(c.completion_ids) for row in out for c in row)}
+    if size == "4b":
+        r["model_seconds"] = _step_model().predict_generate_calls(calls, P, scale.agg_samples, scale.agg_new_tokens)
+    return r
+
+
+def measure_train_py_step(model, tokenizer, scale: Scale, device: str, floors: dict, size: str = "4b") -> dict:
+    """One `train.py` step (train.main, in this process, on this model: no model written to disk) at step_problems
+    problems x step_new_tokens, rewards by seeded coin flips; --generation fast, the rest train.py's defaults.
+    Stage times from the run's metrics.jsonl."""
+    import tempfile
+
+    import checkpoint
+
+    rng = np.random.default_rng(5)
+    name = f"bench-{size}-random"
+    for path, module in lora.lora_modules(model):  # train.py adds its own LoRA: hand it the bare model
+        parent, _, child = path.rpartition(".")
+        setattr(model.get_submodule(parent), child, module.base_layer)
+    rollout.CODE_BUILT_POLICIES[name] = lambda _device: (model, tokenizer)
+    problemset.CODE_BUILT_PROBLEMS[name] = lambda: [
+        problemset.Problem(random_words(scale.problem_tokens, model.config.vocab_size, rng), "1") for _ in range(8)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, _coin_flip_rewards():
+        argv = ["--model", name, "--data", name, "--steps", "1", "--batch-problems", str(scale.step_problems),
+                "--max-draws", str(scale.step_problems), "--max-new-tokens", str(scale.step_new_tokens),
+                "--max-prompt-tokens", str(scale.problem_tokens + 256), "--generation", "fast", "--no-plot",
+                "--out", os.path.join(tmp, "run")] + ([] if device.startswith("cuda") else ["--device", "cpu"])
+        t0 = time.perf_counter()
+        calls: list = []
+        with _timed_generate_calls(calls, announce="[train.py step] generate call"):
+            code = train.main(argv)
+        seconds = time.perf_counter() - t0
+        if os.path.exists(os.path.join(tmp, "run", "metrics.jsonl")):
+            rows = checkpoint.read_metrics(os.path.join(tmp, "run", "metrics.jsonl"))
+    if code != 0 or not rows:
+        return {"error": f"train.main exited {code}", "seconds": seconds}
+    row = rows[0]
+    r = {"problems": scale.step_problems, "new_tokens": scale.step_new_tokens, "seconds": seconds,
+         "search_s": row["time/search_s"], "aggregation_s": row["time/aggregation_s"], "learner_s": row["time/train_s"],
+         "tokens_generated": row["tokens_generated"], "samples_trained": row.get("train/samples_trained"),
+         "tokens_trained": row.get("train/tokens_trained")}
+    if size == "4b":
+        r["model"] = _step_model().predict_train_step(scale.step_problems, scale.step_new_tokens)
+    return r
+
+
 GPU_MEASUREMENTS = {"train": measure_train_step, "generate": measure_generate, "aggregation": measure_aggregation,
-                    "spiral": measure_spiral_step}
+                    "spiral": measure_spiral_step, "learner": measure_learner,
+                    "aggregation_call": measure_aggregation_call, "train_py": measure_train_py_step}
 
 
 def run_gpu_part(args) -> dict:
@@ -288,13 +439,53 @@ def run_gpu_part(args) -> dict:
             kwargs["micro_batch_size"] = args.agg_micro_batch
         if key == "spiral":
             kwargs["grpo"] = not args.skip_grpo
-        results[key] = GPU_MEASUREMENTS[key](model, tokenizer, scale, device, floors, **kwargs)
+        if key in ("learner", "aggregation_call", "train_py"):
+            kwargs["size"] = args.size
+        try:
+            results[key] = GPU_MEASUREMENTS[key](model, tokenizer, scale, device, floors, **kwargs)
+        except Exception as e:  # noqa: BLE001 - recorded; the next measurement runs (an out-of-memory is a result)
+            import traceback
+
+            traceback.print_exc()
+            results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            fastgen.release()
         print_result(key, results[key])
+        if args.json:
+            write_json(args.json, results)  # after every measurement: a run cut short keeps what it measured
     return results
 
 
+def _vs_model(measured: float, predicted: float | None) -> str:
+    return "" if predicted is None else f" (step model: {predicted:.1f} s, measured/model {measured / predicted:.2f})"
+
+
 def print_result(key: str, r: dict) -> None:
-    if key == "train":
+    if "error" in r and key != "learner_row":
+        print(f"[{key}] error: {r['error']}", flush=True)
+    elif key == "learner":
+        pass  # printed row by row (learner_row) as it runs
+    elif key == "learner_row":
+        if "error" in r:
+            print(f"[learner {r['key']}] error: {r['error']}", flush=True)
+            return
+        print(f"[learner {r['key']}] {r['prompt_tokens']:,} + {r['completions_trained']} x "
+              f"{r['completion_tokens']:,} tokens: "
+              f"{r['seconds']:.2f} s{_vs_model(r['seconds'], r.get('model_seconds'))}, peak "
+              f"{r['peak_memory_GB']:.1f} GB, MFU {100 * r['mfu']:.1f}% ({r['model_TFLOP']:.4g} model TFLOP)",
+              flush=True)
+    elif key == "aggregation_call":
+        print(f"[aggregation call] {r['prompts']} prompts x {r['samples_per_prompt']} (~{r['prompt_tokens']:,} prompt "
+              f"tokens, {r['new_tokens']:,} new) in calls of {r['prompts_per_call']} prompts: {r['seconds']:.1f} s"
+              f"{_vs_model(r['seconds'], r.get('model_seconds'))} (first call: compilation and captures included), "
+              f"peak {r['peak_memory_GB']:.1f} GB", flush=True)
+    elif key == "train_py":
+        m = r.get("model") or {}
+        print(f"[train.py step] {r['problems']} problem(s) x {r['new_tokens']:,} new tokens, coin-flip rewards: "
+              f"search {r['search_s']:.1f} s{_vs_model(r['search_s'], m.get('search_s'))}, aggregation "
+              f"{r['aggregation_s']:.1f} s{_vs_model(r['aggregation_s'], m.get('aggregation_s'))}, learner "
+              f"{r['learner_s']:.1f} s{_vs_model(r['learner_s'], m.get('learner_s'))}; {r['samples_trained']} "
+              f"samples trained; whole run {r['seconds']:.0f} s", flush=True)
+    elif key == "train":
         print(f"[1 train] {r['prompt_tokens']} + {r['completion_tokens']} tokens: {r['seconds']:.2f} s, "
               f"peak {r['peak_memory_GB']:.1f} GB (goal <= {r['goal_peak_memory_GB']:.0f}), "
               f"MFU {100 * r['mfu']:.1f}% (goal >= {100 * r['goal_mfu']:.0f}%; {r['model_TFLOP']:.3g} model TFLOP, "
@@ -323,3 +514,7 @@ def print_result(key: str, r: dict) -> None:
                   f"SPIRAL / GRPO time x{r['time_ratio_spiral_over_grpo']:.2f}")
 
 
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import cli
+
+    cli.library_main(__doc__, "bench_gpu.py", "benchmarks/bench.py uses")

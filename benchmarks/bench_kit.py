@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import json
 import os
 import re
 import resource
@@ -174,6 +175,14 @@ def measure_floors(device: str, dtype: torch.dtype, size: str) -> dict:
             "matmul_dtype": str(dtype).replace("torch.", "")}
 
 
+def write_json(path: str, results: dict) -> None:
+    """bench.py's --json: through a temporary file and a rename, so a kill in mid-write leaves the last whole file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"written_by": "bench.py", **results}, f, indent=2)
+    os.replace(tmp, path)
+
+
 def floor_seconds(bytes_read: float, flops: float, floors: dict) -> float:
     """The time no call can beat on this device: its bytes at the copy bandwidth plus its FLOPs at the matmul rate
     (`floors` as measure_floors returns them)."""
@@ -223,7 +232,23 @@ def train_step_flops(cfg, T: int, completion_tokens: int, n_lora: int) -> dict:
     backward = 2 * N * T + 4 * n_lora * T + 2 * A + head  # input gradients only for the frozen base and lm_head
     recompute = 2 * N * T + 2 * n_lora * T + A + head  # checkpointed decoder layers and lm_head chunks, once more
     return {"model_flops": forward + backward, "hardware_flops": forward + backward + recompute,
-            "attention_share": 3 * A / (forward + backward)}
+            "attention_share": 3 * A / (forward + backward), "attention_flops": A, "tokens": T}
+
+
+def grouped_step_flops(cfg, prompt_tokens: int, completion_tokens: list[int], n_lora: int) -> dict:
+    """train_step_flops for one prompt trained once with its completions (shared_prompt.py): the linears, LoRA and
+    norms see P + sum L tokens; attention computes P(P+1)/2 query-key pairs for the prompt and L (P + (L+1)/2) for
+    each completion (its own causal part and the whole prompt), per head and layer."""
+    N, T = decoder_matmul_params(cfg), prompt_tokens + sum(completion_tokens)
+    pairs = prompt_tokens * (prompt_tokens + 1) // 2 + sum(L * prompt_tokens + L * (L + 1) // 2
+                                                          for L in completion_tokens)
+    A = cfg.num_hidden_layers * 4 * cfg.num_attention_heads * cfg.head_dim * pairs
+    head = 2 * cfg.hidden_size * cfg.vocab_size * sum(completion_tokens)
+    forward = 2 * N * T + 2 * n_lora * T + A + head
+    backward = 2 * N * T + 4 * n_lora * T + 2 * A + head
+    recompute = 2 * N * T + 2 * n_lora * T + A + head
+    return {"model_flops": forward + backward, "hardware_flops": forward + backward + recompute,
+            "attention_share": 3 * A / (forward + backward), "attention_flops": A, "tokens": T}
 
 
 def kv_bytes_per_token(cfg, element_size: int) -> int:
@@ -238,3 +263,7 @@ def weight_bytes(model) -> int:
     return sum(seen.values())
 
 
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import cli
+
+    cli.library_main(__doc__, "bench_kit.py", "bench.py, bench_cpu.py, bench_gpu.py and decode.py use")

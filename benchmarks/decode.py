@@ -12,6 +12,7 @@ the K and V it is handed, while the real decode step runs (on a CPU, or on the m
 no arithmetic happens: the same code path, shapes only).
 
     python benchmarks/decode.py --bytes                       # the byte table, counted at the 4B shape (meta device)
+    python benchmarks/decode.py --kernels                     # kernels of a decode step at the 4B shape (meta device)
     python benchmarks/decode.py --gpu --json decode-gpu.json  # CUDA checks, then the search- and aggregation-
                                                               # shaped rows on Qwen3-4B's architecture
 """
@@ -82,11 +83,12 @@ def count_attention_bytes(totals: list):
 
 
 def started_call(engine, model, prompt_lengths: list[int], shape) -> tuple:
-    """(weights, [cache, state, graphs]): `engine`'s call of `shape` for prompts of these lengths, set up as
-    fastgen.sample_micro_batch sets one up (adapter "default", EOS ids [1, 2], temperature 1), its state started."""
+    """(weights, fastgen.Call (cache, state, graphs)): `engine`'s call of `shape` for prompts of these lengths, set up
+    as fastgen.sample_micro_batch sets one up (EOS ids [1, 2], temperature 1), its state started, its suffix cleared."""
     w = engine.weights(model)
-    call = engine.call(w, shape, 2, ("default",))
-    call[1].start(shape, prompt_lengths, 1.0, [1, 2], w.kv_heads)
+    call = engine.call(w, shape, 2)
+    call.state.start(shape, prompt_lengths, 1.0, [1, 2], w.kv_heads)
+    call.cache.clear_suffix()
     return w, call
 
 
@@ -128,6 +130,79 @@ def print_byte_table(table: dict, max_new_tokens: int) -> None:
         print(f"[bytes {name}] {r['unique_GB']:7.2f} | {r['per_row_GB']:7.2f} | {r['fastgen_GB']:7.2f} "
               f"({r['fastgen_over_unique']:.3f}x unique) | {r['old_fastgen_GB']:7.2f} ({r['old_over_unique']:.2f}x); "
               f"counted = model: {r['counted_equals_model']}")
+
+
+class KernelCount(TorchDispatchMode):
+    """Ops dispatched under it that would launch a CUDA kernel, by name: views, metadata and allocations excluded.
+    `whole(fn, label)` wraps fn so that a call counts as one kernel under `label`, whatever it runs inside."""
+
+    FREE = {"_unsafe_view", "empty", "empty_like", "empty_strided", "lift_fresh", "detach", "scalar_tensor"}
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.inside = {}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name, returns = func._schema.name.split("::")[-1], func._schema.returns
+        view = returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+        if not (self.inside or view or name in self.FREE):
+            self.ops[name] = self.ops.get(name, 0) + 1
+        return out
+
+    def whole(self, fn, label: str):
+        def run(*args, **kwargs):
+            self.ops[label] = self.ops.get(label, 0) + 1
+            self.inside += 1
+            try:
+                return getattr(fn, "eager", fn)(*args, **kwargs)
+            finally:
+                self.inside -= 1
+        run.eager = run
+        return run
+
+
+MATMULS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+def step_kernels(model, prompt_lengths: list[int], shape) -> dict:
+    """The kernels of one fastgen decode step of `shape` as a CUDA graph would launch them: each aten op that is not
+    a view one kernel, each compiled elementwise chain (fastgen._fused) and each attention call one. Runs the real
+    step (on the meta device: shapes only). Returns {"kernels", "matmuls", "by_op": {op: count}}."""
+    w, call = started_call(fastgen.Engine(model), model, prompt_lengths, shape)
+    counter = KernelCount()
+    names = ("_rms_norm_fn", "_rotate", "_silu_mul", "_merge", "attend")
+    saved = {name: getattr(fastgen, name) for name in names}
+    for name in names:
+        setattr(fastgen, name, counter.whole(saved[name], "attention" if name == "attend" else f"fused{name}"))
+    try:
+        with torch.no_grad(), counter:
+            call.state.t.fill_(fastgen.SUFFIX_BUCKET - 2)  # feeds slot 254 of the first bucket, writes column 255
+            fastgen.decode_one_token(w, call.cache, call.state, shape, fastgen.SUFFIX_BUCKET)
+    finally:
+        for name, fn in saved.items():
+            setattr(fastgen, name, fn)
+    return {"kernels": sum(counter.ops.values()), "matmuls": sum(counter.ops.get(m, 0) for m in MATMULS),
+            "by_op": dict(sorted(counter.ops.items(), key=lambda kv: -kv[1]))}
+
+
+def kernel_table(model, cases: dict, max_new_tokens: int) -> dict:
+    """step_kernels for each call shape, with the LoRA adapter active and with none (the side path's share)."""
+    import lora
+
+    table = {}
+    for name, c in cases.items():
+        lengths = [c["prompt_tokens"]] * c["prompts"]
+        shape = fastgen.CallShape.of(lengths, c["copies"], max_new_tokens)
+        row = step_kernels(model, lengths, shape)
+        with lora.use_adapter(model, None):
+            base = step_kernels(model, lengths, shape)
+        row["lora_matmuls"], row["lora_kernels"] = row["matmuls"] - base["matmuls"], row["kernels"] - base["kernels"]
+        table[name] = row
+        print(f"[kernels {name}] {row['kernels']} kernels a decode step, {row['matmuls']} matmuls "
+              f"({row['lora_matmuls']} of them LoRA's side path); by op: "
+              + ", ".join(f"{k} {v}" for k, v in list(row["by_op"].items())[:12]), flush=True)
+    return table
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -183,7 +258,7 @@ def cuda_checks() -> dict:
                     worst = max(worst, float((lp.cpu() - torch.tensor(c.logprobs)).abs().max()))
         out[f"tiny_{str(dtype)[6:]}_max_logprob_error_vs_teacher_forcing"] = worst
         out[f"tiny_{str(dtype)[6:]}_captures"] = fastgen._ENGINE[0].captures
-        fastgen.release()
+        fastgen.reset()
     return out
 
 
@@ -358,7 +433,7 @@ def recorded(results: dict, key: str, measure, save=None) -> None:
 
         traceback.print_exc()
         results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        fastgen.release()
+        fastgen.reset()
     if save:
         save()
 
@@ -367,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = cli.OneLineParser(prog="decode.py", description=__doc__.split("\n")[0])
     p.add_argument("--bytes", action="store_true", help="KV bytes per step and prefill memory, counted at the 4B "
                    "shape on the meta device")
+    p.add_argument("--kernels", action="store_true", help="kernels and matmuls of one decode step, counted at the 4B "
+                   "shape with LoRA r = 32 on the meta device")
     p.add_argument("--gpu", action="store_true", help="CUDA checks and the rows (needs CUDA unless --device cpu)")
     p.add_argument("--size", choices=["4b", "toy"], default="4b", help="--gpu: Qwen3-4B's architecture, or toy")
     p.add_argument("--device", default="cuda", help="--gpu: the device (cpu only with --size toy: tests)")
@@ -385,8 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args) -> list[int]:
     """Every flag, before any model is built: cli.ConfigError (one line, exit 2) on bad input. Returns --new-tokens
     as a list."""
-    if not (args.bytes or args.gpu):
-        raise cli.ConfigError("choose --bytes and/or --gpu")
+    if not (args.bytes or args.kernels or args.gpu):
+        raise cli.ConfigError("choose --bytes, --kernels and/or --gpu")
     if args.json is not None:
         why = ("it exists (results are never overwritten)" if os.path.lexists(args.json)
                else checkpoint.out_path_problem(args.json))
@@ -440,6 +517,13 @@ def main(argv=None) -> int:
         print(f"[prefill] {r['prompts']} x {r['prompt_tokens']:,}-token prompts: peak {r['peak_GB']:.2f} GB beyond the "
               f"weights and the {r['arena_GB']:.1f} GB KV arena ({r['group_size']} prompt(s) per forward)")
         save()
+    if args.kernels:
+        import lora
+
+        model, _ = bench.build_policy("4b", "meta", torch.bfloat16)
+        lora.add_lora(model, rank=32, alpha=32.0)
+        results["kernels_4b"] = kernel_table(model, {"search": SEARCH_SHAPE, "aggregation": AGGREGATION_SHAPE}, 4096)
+        save()
     if args.gpu:
         cuda, device = args.device.startswith("cuda"), args.device
         dtype = torch.bfloat16 if cuda else torch.float32
@@ -460,10 +544,10 @@ def main(argv=None) -> int:
                 fastgen.FUSE = fuse
                 recorded(results, f"profile_fuse_{fuse}",
                          lambda: profile_step(model, tokenizer, shapes["search"], max(new_tokens)), save)
-                fastgen.release()
+                fastgen.reset()  # the next setting captures its own graphs
         chosen = {k: v for k, v in shapes.items() if k in args.shapes.split(",")}
         recorded(results, "rows", lambda: gpu_rows(model, tokenizer, floors, new_tokens, chosen), save)
-        fastgen.release()
+        fastgen.reset()
         scale = bench.SCALES[args.size]
         if args.hf_baseline:  # benchmarks/bench.py's row 2 with the Hugging Face engine, search shape
             import dataclasses

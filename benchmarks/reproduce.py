@@ -131,17 +131,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--runs-dir", default="runs/reproduce", help="where the runs, evaluation and report go")
     parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="train again the runs in --runs-dir that cannot be reused (other settings)")
+                        help="train again the runs in --runs-dir that cannot be reused or resumed (other settings "
+                             "or code); finished runs are reused, stopped ones resumed, with or without it")
     parser.add_argument("--update-readme", action="store_true",
                         help="also rewrite README.md's demo, comparison and provenance blocks and the three figures "
                              "in benchmarks/")
     args = parser.parse_args(argv)
-    try:
-        args.seeds = sorted({int(s) for s in args.seeds.split(",")})
-    except ValueError:
-        parser.error(f"--seeds expects comma-separated integers, got {args.seeds!r}")
-    if len(args.seeds) < 2 or min(args.seeds) < 0 or args.jobs < 1:
-        parser.error("need at least 2 distinct non-negative --seeds (a spread) and a positive --jobs")
+    args.seeds = runner.parse_seeds(parser, args.seeds)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be a positive integer, got {args.jobs}")
     return args
 
 

@@ -4,8 +4,10 @@ and train.py jobs in parallel with their logs and one progress display; and the 
 A run directory is reused only when its config.json holds exactly the settings the script asks for, it was trained
 by this checkout's code (checkpoint.code_digest: a run trained by earlier code would put that code's figures in the
 tables) and its metrics reach the last step with the adapter saved; a run with the same settings and code stopped
-part-way is resumed; any other run (an earlier `--steps 1` trial, another seed, other code) is never taken for a
-finished one: the script stops before anything runs unless told --overwrite.
+part-way is resumed (from its last checkpoint, or from step 0 if it stopped before its first: train.py --resume
+restarts such a run, which saved nothing to continue from); any other run (an earlier `--steps 1` trial, another
+seed, other code) is never taken for a finished one: the script stops before anything runs unless told --overwrite,
+which trains those again (and only those). So after Ctrl-C, the same command continues where the runs stopped.
 """
 
 from __future__ import annotations
@@ -43,17 +45,43 @@ def fail(who: str, message: str, code: int = 2):
     sys.exit(code)
 
 
+# What train.py --overwrite renames a run directory to until the new run's first checkpoint (checkpoint.move_aside)
+MOVED_ASIDE = r"\.old-\d{8}-\d{6}(-\d+)?"
+
+
 def runs_dir_problem(runs_dir: str, writes: str) -> str | None:
     """Why a script may not use `runs_dir`, or None: it is not writable, or it holds an entry whose name is not one
-    the script writes (`writes`, a regular expression): a folder of the user's, whose files a run would replace."""
+    the script writes (`writes`, a regular expression; its train.py runs may leave NAME.old-TIME, see MOVED_ASIDE): a
+    folder of the user's, whose files a run would replace."""
     why = checkpoint.out_path_problem(runs_dir)
     if why:
         return f"--runs-dir {runs_dir!r}: {why}"
-    foreign = sorted(e for e in os.listdir(runs_dir) if not re.fullmatch(writes, e)) if os.path.isdir(runs_dir) else []
+    ours = re.compile(rf"(?:{writes})(?:{MOVED_ASIDE})?")
+    foreign = sorted(e for e in os.listdir(runs_dir) if not ours.fullmatch(e)) if os.path.isdir(runs_dir) else []
     if foreign:
         return (f"--runs-dir {runs_dir}: it holds {foreign[0]}, which this script does not write; choose another "
                 "--runs-dir (a script replaces only what it made)")
     return None
+
+
+def parse_seeds(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """--seeds "0,1,2": the distinct training seeds, sorted; at least 2 (a spread), each one train.py takes
+    (cli.check_seed: [0, 2**64)). Anything else is the parser's one-line error, before any run starts (a seed train.py
+    refuses would otherwise stop the script only when its run came up, after the others had trained)."""
+    import cli
+
+    try:
+        seeds = sorted({int(s) for s in text.split(",")})
+    except ValueError:
+        parser.error(f"--seeds expects comma-separated integers, got {text!r}")
+    if len(seeds) < 2:
+        parser.error(f"--seeds needs at least 2 distinct seeds (a spread), got {text!r}")
+    for seed in seeds:
+        try:
+            cli.check_seed(seed)
+        except cli.ConfigError as e:
+            parser.error(f"--seeds: {str(e).replace('--seed must be', 'each seed must be')}")
+    return seeds
 
 
 def spread(values, digits: int) -> str:
@@ -114,7 +142,7 @@ def run_state(run: Run) -> tuple[str, str]:
     if rows and rows[-1]["step"] >= wanted["steps"] and os.path.isfile(os.path.join(out, "adapter",
                                                                                     "adapter_config.json")):
         return "finished", ""
-    return ("resume", "") if latest else ("differs", "it stopped before its first checkpoint")
+    return "resume", ""  # from its checkpoint, or (none yet: nothing was saved) from step 0 with the same config
 
 
 def trained_by(out: str, latest: str | None) -> set[str]:
@@ -128,14 +156,20 @@ def trained_by(out: str, latest: str | None) -> set[str]:
 
 
 def plan(runs: list[Run], overwrite: bool, who: str) -> tuple[list[tuple[Run, list[str]]], list[Run]]:
-    """(runs to train with the extra flags each needs, finished runs to reuse); exits 2 with one line if a run
-    directory holds something else and `overwrite` is off. Writes nothing."""
+    """(runs to train with the extra flags each needs, finished runs to reuse); exits 2 with one line if a run's
+    settings are ones train.py refuses (check_run), or if a run directory holds something else and `overwrite` is off
+    (`overwrite` trains those again; a finished or resumable run of the same settings and code is kept either way).
+    Writes nothing."""
+    for run in runs:
+        why = check_run(run)
+        if why:
+            fail(who, f"{run.name}: {why}")
     todo, reused = [], []
     for run in runs:
         state, why = run_state(run)
-        if state == "finished" and not overwrite:
+        if state == "finished":
             reused.append(run)
-        elif state == "resume" and not overwrite:
+        elif state == "resume":
             todo.append((run, ["--resume"]))
         elif state == "new":
             todo.append((run, []))
@@ -147,15 +181,31 @@ def plan(runs: list[Run], overwrite: bool, who: str) -> tuple[list[tuple[Run, li
     return todo, reused
 
 
+def check_run(run: Run) -> str | None:
+    """What train.py would refuse in a run's settings when it started (after the runs before it had trained), as
+    train.py words it, or None: the seed and the step count, the values a script passes through from its flags."""
+    import cli
+
+    settings = run.settings()
+    try:
+        cli.check_seed(settings["seed"])
+        cli.check_count("steps", settings["steps"])
+    except cli.ConfigError as e:
+        return str(e)
+    return None
+
+
 def train_all(todo: list[tuple[Run, list[str]]], logs_dir: str, jobs: int, steps_of: dict[str, int],
               who: str) -> dict:
     """Run `python train.py FLAGS --out OUT [EXTRA]` for each run, `jobs` at a time (niced), output to
     LOGS/NAME.log; progress: the steps logged by all runs together. {name: seconds}. A failed run stops the rest
     (exit 1 naming its log); Ctrl-C stops them all (train.py saves nothing half-written; rerun to resume)."""
     total = sum(steps_of[run.name] for run, _ in todo)
-    # An overwritten run's old metrics.jsonl stays until train.py replaces it: its steps count only once rewritten
-    old = {run.name: _metrics_mtime(run) for run, extra in todo if "--overwrite" in extra}
-    done_before = {run.name: 0 if run.name in old else _steps_logged(run) for run, _ in todo}  # resumed: its steps
+    # Each run starts from step 0, or a resumed one from its checkpoint's step (0 if it stopped before its first).
+    # train.py rewrites metrics.jsonl before its first new step (--overwrite: a new file; --resume: the steps up to its
+    # checkpoint), so the steps the file holds beyond that count only once it has been rewritten.
+    done_before = {run.name: _checkpoint_step(run) if "--resume" in extra else 0 for run, extra in todo}
+    old = {run.name: _metrics_mtime(run) for run, _ in todo if _steps_logged(run) > done_before[run.name]}
     seconds, running, waiting = {}, [], list(todo)
     progress = figures.Progress(total - sum(done_before.values()), f"{who}: training {len(todo)} runs", "steps")
     counted = dict(done_before)
@@ -174,7 +224,8 @@ def train_all(todo: list[tuple[Run, list[str]]], logs_dir: str, jobs: int, steps
             time.sleep(1)
             for item in list(running):
                 run, proc, start, log, log_path = item
-                now = 0 if run.name in old and _metrics_mtime(run) == old[run.name] else _steps_logged(run)
+                now = done_before[run.name] if run.name in old and _metrics_mtime(run) == old[run.name] else \
+                    _steps_logged(run)
                 progress.update(max(0, now - counted[run.name]))
                 counted[run.name] = max(counted[run.name], now)
                 if proc.poll() is None:
@@ -225,6 +276,12 @@ def _steps_logged(run: Run) -> int:
         return int(json.loads(complete[-1])["step"]) if complete else 0
     except (OSError, ValueError, KeyError, TypeError):
         return 0
+
+
+def _checkpoint_step(run: Run) -> int:
+    """The step of the run's latest checkpoint, where train.py --resume continues; 0 if it has none."""
+    latest = checkpoint.latest_checkpoint(os.path.join(REPO, run.out))
+    return checkpoint.read_trainer_state(latest)["step"] if latest else 0
 
 
 def _metrics_mtime(run: Run) -> int | None:

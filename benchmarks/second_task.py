@@ -172,17 +172,14 @@ def main(argv=None) -> int:
     parser.add_argument("--runs-dir", default="runs/second_task")
     parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="train again the runs in --runs-dir that hold other settings")
+                        help="train again the runs in --runs-dir that hold other settings or code; finished runs "
+                             "are reused, stopped ones resumed, with or without it")
     parser.add_argument("--out", default="runs/second_task/second_task",
                         help="prefix of the .md, .json and .png (the shipped result: benchmarks/second_task)")
     args = parser.parse_args(argv)
-    try:
-        seeds = sorted({int(s) for s in args.seeds.split(",")})
-    except ValueError:
-        parser.error(f"--seeds expects comma-separated integers, got {args.seeds!r}")
-    if (len(seeds) < 2 or min(seeds) < 0 or (args.steps is not None and args.steps < 1) or args.limit < 1
-            or args.jobs < 1):
-        parser.error("need at least 2 non-negative seeds (a spread), and positive --steps, --limit and --jobs")
+    seeds = runner.parse_seeds(parser, args.seeds)
+    if (args.steps is not None and args.steps < 1) or args.limit < 1 or args.jobs < 1:
+        parser.error("--steps, --limit and --jobs must be positive integers")
     os.chdir(REPO)
     writes = r"(grpo|spiral)-s\d+(\.log)?|eval"  # all that it writes in --runs-dir, and OUT.* if it is there
     if os.path.abspath(os.path.dirname(args.out) or ".") == os.path.abspath(args.runs_dir):

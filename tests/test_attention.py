@@ -64,6 +64,18 @@ def test_bf16_within_its_rounding():
     assert float((out.double() - ref).norm() / ref.norm()) < 2 ** -8
 
 
+def test_bf16_parts_are_merged_in_fp32_and_rounded_once():
+    """merge upcasts the parts, weighs and sums them in fp32 and rounds the sum once: for bf16 parts it equals the
+    fp32 merge of their upcasts rounded to bf16, bit for bit, for the 19 parts of a decode step over an 18-chunk
+    prompt (summing in bf16 would round at every part)."""
+    torch.manual_seed(2)
+    out_P = torch.randn(4, 19, 2, 8, 128).bfloat16()  # (B, parts, K, G, D) as fastgen.cascade_attention stacks them
+    lse_P = torch.randn(4, 19, 2, 8) * 3  # (B, parts, K, G)
+    out, lse = attention.merge(out_P, lse_P, dim=1)
+    out32, lse32 = attention.merge(out_P.float(), lse_P, dim=1)
+    assert out.dtype == torch.bfloat16 and out.equal(out32.bfloat16()) and lse.equal(lse32)
+
+
 def naive_row_attention(q_B, cache, lengths_P, copies, t, scale):
     """Row by row: query heads h over KV head h // G, keys = the row's prompt (its own length) then its suffix
     slots 0..t; full softmax in float64. Returns (B, 1, H D)."""

@@ -1,7 +1,9 @@
-"""Every attention of the project runs with cuDNN attention switched off (issue 18: on an H100 torch picks cuDNN's
-SDPA kernel by default, and it fails mid-generation). A CPU never runs cuDNN, so these tests read torch's backend
-switches from inside the model's attention, during sampling (both engines, with and without the shared-prefix
-prefill), the log-prob forward, and the training step's backward (gradient checkpointing recomputes the forward)."""
+"""Sampling's attention runs with cuDNN attention switched off (issue 18: on an H100 torch picks cuDNN's SDPA kernel
+by default, and it fails mid-generation); the learner runs under its own choice (--learner-attention: cuDNN or flash
+on a GPU, never the memory-efficient kernel a padded mask forces). A CPU never runs cuDNN, so these tests read
+torch's backend switches from inside the model's attention, during sampling (both engines, with and without the
+shared-prefix prefill), the log-prob forward, and the training step's forward and backward (gradient checkpointing
+recomputes the forward), and check the learner's GPU choice as a function."""
 
 import copy
 
@@ -11,10 +13,12 @@ import torch
 import fastgen
 import lora
 import rollout
+import shared_prompt
 import spiral
 import tiny  # noqa: F401  registers "tiny" with rollout.load_policy
 import train
-from logprobs import TokenBatch, completion_logprobs
+from logprobs import TokenBatch, completion_logprobs, learner_attention_backends
+from torch.nn.attention import SDPBackend
 
 
 @pytest.fixture(scope="module")
@@ -64,22 +68,44 @@ def test_sampling_runs_without_cudnn_attention(policy, spy, one_thread, engine, 
     assert len(spy) >= 3 and set(spy) == {ALLOWED}
 
 
-def test_logprobs_and_training_backward_run_without_cudnn_attention(policy, spy, one_thread):
+@pytest.mark.parametrize("learner", ["grouped", "per-sample"])
+def test_the_learner_runs_forward_and_backward_under_its_own_choice(policy, one_thread, learner):
+    """The log-prob forward alone keeps sampling's switches; the training forward and its recomputation in the
+    backward run under the learner's kernels (on a CPU: its flash kernel and math, never memory-efficient). Read
+    from a hook on the attention module, not by replacing F.scaled_dot_product_attention: torch's lower-right
+    causal mask (the grouped learner's) dispatches only from the real function."""
     model, tokenizer = policy
     model = copy.deepcopy(model)
-    spy_layer = model.model.layers[0].self_attn
-    handle = spy_layer.register_forward_pre_hook(lambda *args: spy.append(backend_switches()))
+    seen = []
+    handle = model.model.layers[0].self_attn.register_forward_pre_hook(lambda *args: seen.append(backend_switches()))
     lora.add_lora(model, rank=4, alpha=8.0)
     train.enable_gradient_checkpointing(model)
     model.train()
-    sample = spiral.Sample([5, 6, 7, 8], [9, 10, 11], [-1.0, -1.0, -1.0], 1.0, "search")
+    samples = [spiral.Sample([5, 6, 7, 8], [9, 10, 11], [-1.0, -1.0, -1.0], 1.0, "search"),
+               spiral.Sample([5, 6, 7, 8], [12, 13], [-1.0, -1.0], -1.0, "search")]
     try:
         with torch.no_grad():
-            completion_logprobs(model, TokenBatch.from_samples([sample], 0, "cpu"))
-        forward_only = len(spy)
-        train.accumulate_gradients(model, [sample], loss_normalizer=3.0, pad_token_id=0)
+            completion_logprobs(model, TokenBatch.from_samples(samples[:1], 0, "cpu"))
+        assert shared_prompt.unsupported(model) == ""  # its one-time probe (log-probs without gradients) runs here
+        forward_only = list(seen)
+        seen.clear()
+        train.accumulate_gradients(model, samples, loss_normalizer=3.0, pad_token_id=0, learner=learner)
     finally:
         handle.remove()
-    assert forward_only >= 1
-    assert len(spy) >= forward_only + 2  # the training forward and its recomputation in the backward
-    assert set(spy) == {ALLOWED}
+    assert len(forward_only) >= 1 and set(forward_only) == {ALLOWED}
+    assert len(seen) == 2  # the training forward and its recomputation in the backward (one micro-batch)
+    assert set(seen) == {(False, True, False, True)}  # cuDNN off, flash on, memory-efficient off, math on
+
+
+def test_the_learner_s_kernels_on_a_gpu():
+    """Half precision: cuDNN then flash, or flash alone; the memory-efficient kernel only where padding masks need
+    it (the per-sample path); fp32, which neither cuDNN nor flash runs: memory-efficient and math."""
+    C, F, E, M = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                  SDPBackend.MATH)
+    assert learner_attention_backends("cudnn", "cuda", torch.bfloat16) == [C, F]
+    assert learner_attention_backends("flash", "cuda", torch.bfloat16) == [F]
+    assert learner_attention_backends("flash", "cuda", torch.float16, masked=True) == [F, E, M]
+    assert learner_attention_backends("cudnn", "cuda", torch.float32) == [E, M]
+    assert learner_attention_backends("cudnn", "cpu", torch.float32) == [F, M]
+    with pytest.raises(ValueError, match="choose from cudnn, flash"):
+        learner_attention_backends("efficient", "cuda", torch.bfloat16)

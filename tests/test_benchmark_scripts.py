@@ -6,11 +6,13 @@ run a few at a time and a failure stops the rest."""
 import json
 import os
 import shutil
+import zlib
 
 import pytest
 
 from tests.test_user_files import _load, _one_line, _snapshot, nothing_runs  # noqa: F401 (a fixture)
 import checkpoint
+import spiral
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,10 +64,79 @@ def test_a_run_is_reused_only_with_the_same_settings_and_all_its_steps(tmp_path)
     assert runner.run_state(runner.Run("x", run.out, [*flags, "--steps", "1"]))[0] == "finished"
     assert runner.run_state(runner.Run("x", run.out, [*flags, "--steps", "1", "--seed", "1"]))[0] == "differs"
     shutil.rmtree(run.out)
-    _fake_run(tmp_path / "grpo-s0", flags, 29)  # stopped at step 29 of 30, no checkpoint to resume
-    assert runner.run_state(run)[0] == "differs"
+    _fake_run(tmp_path / "grpo-s0", flags, 29)  # stopped at step 29 of 30 with no checkpoint: train.py --resume
+    assert runner.run_state(run) == ("resume", "")  # restarts it from step 0 (nothing was saved to continue from)
     (tmp_path / "grpo-s0" / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 31)))
     assert runner.run_state(run) == ("finished", "")
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_continued_by_the_same_command(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in a run's first checkpoint interval leaves config.json and some metrics, no checkpoint. The scripts'
+    advice is to rerun the same command: the runner resumes that run (train.py --resume starts it again from step 0),
+    with or without --overwrite, instead of refusing it; the rerun then finishes it."""
+    monkeypatch.setattr(spiral, "reward", lambda text, gold: float(zlib.crc32(text.encode()) % 2))  # test_checkpoint's
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(3)))
+    flags = ["--preset", "tiny", "--model", "tiny", "--data", str(data), "--batch-problems", "1", "--num-search", "2",
+             "--set-size", "2", "--num-sets", "1", "--num-aggregations", "2", "--max-new-tokens", "4", "--no-plot",
+             "--steps", "3", "--save-every", "3"]
+    run = runner.Run("s0", str(tmp_path / "s0"), flags)
+    real_append = checkpoint.append_metrics
+
+    def ctrl_c_at_step_2(path, row):
+        if row["step"] == 2:
+            raise KeyboardInterrupt
+        real_append(path, row)
+
+    with monkeypatch.context() as interrupted:
+        interrupted.setattr(checkpoint, "append_metrics", ctrl_c_at_step_2)
+        assert train.main([*flags, "--out", run.out]) == 130
+    assert "continue with --resume" in capsys.readouterr().err
+    assert checkpoint.latest_checkpoint(run.out) is None and runner._steps_logged(run) == 1
+    assert runner.run_state(run) == ("resume", "")
+    for overwrite in (False, True):
+        assert runner.plan([run], overwrite, "test") == ([(run, ["--resume"])], [])
+    assert train.main([*flags, "--out", run.out, "--resume"]) == 0
+    assert [r["step"] for r in checkpoint.read_metrics(os.path.join(run.out, "metrics.jsonl"))] == [1, 2, 3]
+    assert runner.run_state(run) == ("finished", "")
+    assert runner.plan([run], True, "test") == ([], [run])  # --overwrite trains again only what cannot be reused
+
+
+@pytest.mark.parametrize("script", ["reproduce", "second_task"])
+@pytest.mark.parametrize("seeds,message", [("0,18446744073709551616", "each seed must be in [0, 2**64)"),
+                                           ("0,-1", "each seed must be in [0, 2**64)"),
+                                           ("3,3", "at least 2 distinct seeds"), ("0,x", "comma-separated integers")])
+def test_a_seed_train_py_refuses_stops_the_script_before_any_training(script, seeds, message, tmp_path, nothing_runs,
+                                                                      capsys):
+    if script == "reproduce":
+        pytest.importorskip("matplotlib")
+    module = {"reproduce": reproduce, "second_task": second_task}[script]
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--seeds", seeds, "--runs-dir", str(tmp_path / "runs")]
+                    + (["--out", str(tmp_path / "t")] if script == "second_task" else []))
+    assert exit_info.value.code == 2
+    _one_line(capsys, f"{script}.py", "--seeds", message)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_settings_train_py_refuses_stop_the_plan_before_any_training(tmp_path, nothing_runs, capsys):
+    """A script's --steps reaches train.py as it is: one train.py would refuse stops the plan, naming the run."""
+    run = runner.Run("grpo-s0", str(tmp_path / "grpo-s0"), ["--preset", "tiny_parts", "--steps", str(2**40)])
+    with pytest.raises(SystemExit) as exit_info:
+        runner.plan([runner.Run("ok", str(tmp_path / "ok"), ["--preset", "tiny_parts"]), run], False, "test")
+    assert exit_info.value.code == 2
+    _one_line(capsys, "test", "grpo-s0: --steps must be at most 2,147,483,647")
+
+
+def test_a_runs_dir_holding_a_run_moved_aside_by_overwrite_is_still_the_script_s(tmp_path):
+    """train.py --overwrite renames the old run to NAME.old-TIME until the new one checkpoints; interrupted before,
+    the rerun of the same command must not take that folder for a user's."""
+    (tmp_path / "grpo-s0.old-20261125-101500").mkdir()
+    (tmp_path / "grpo-s0.old-20261125-101500-2").mkdir()
+    assert runner.runs_dir_problem(str(tmp_path), r"(grpo|spiral)-s\d+(\.log)?|eval") is None
+    (tmp_path / "grpo-s0.older").mkdir()
+    assert "it holds grpo-s0.older" in runner.runs_dir_problem(str(tmp_path), r"(grpo|spiral)-s\d+(\.log)?|eval")
 
 
 def test_a_run_trained_by_other_code_is_not_reused(tmp_path):
@@ -271,7 +342,8 @@ def test_trainings_run_a_few_at_a_time_and_a_failure_stops_the_rest(tmp_path, mo
 def test_progress_counts_the_steps_left_a_resumed_run_from_its_checkpoint_an_overwritten_one_from_zero(
         tmp_path, monkeypatch):
     """With --overwrite the old run's 3 logged steps are not done work (the bar read 0/0 steps for a whole
-    second_task.py --overwrite); with --resume they are."""
+    second_task.py --overwrite); with --resume the steps up to its checkpoint are, those logged after it are not (it
+    redoes them), and a run resumed with no checkpoint redoes every step."""
     monkeypatch.setattr(runner.time, "sleep", lambda s: None)
     shown = []
 
@@ -285,38 +357,45 @@ def test_progress_counts_the_steps_left_a_resumed_run_from_its_checkpoint_an_ove
         def close(self):
             pass
 
-    class Overwriting(FakeTraining):
-        """train.py --overwrite: its old metrics.jsonl is still there at the first polls, replaced later."""
+    class Rewriting(FakeTraining):
+        """train.py: its old metrics.jsonl is still there at the first polls (loading the model), then it keeps the
+        steps up to `start` (0 for --overwrite) and goes on from there."""
 
-        def __init__(self, out, old_steps):
+        def __init__(self, out, old_steps, start):
             super().__init__(out, 3, 0, [])
-            self.step, self.polls, self.new = old_steps, 0, False
+            self.step, self.start, self.polls, self.new = old_steps, start, 0, False
 
         def poll(self):
-            assert shown[-1][1] <= (self.step if self.new else 0)  # the bar never counts the old run's steps
+            assert shown[-1][1] <= (self.step - self.start if self.new else 0)  # never steps it has not done
             self.polls += 1
-            if self.polls == 3:  # the new run writes its first step: the old file goes
-                os.remove(os.path.join(self.out, "metrics.jsonl"))
-                self.step, self.new = 0, True
+            if self.polls == 3:  # the run writes its first step: the old file goes
+                metrics = os.path.join(self.out, "metrics.jsonl")
+                rows = open(metrics).read().splitlines()[:self.start]
+                os.remove(metrics)
+                open(metrics, "w").write("".join(row + "\n" for row in rows))
+                self.step, self.new = self.start, True
             return super().poll() if self.new else None
 
     def popen(cmd, cwd, stdout, stderr, preexec_fn):
         out = cmd[cmd.index("--out") + 1]
-        old_steps = runner._steps_logged(runner.Run("x", out, []))
-        if "--overwrite" in cmd:
-            return Overwriting(out, old_steps)
-        resumed = FakeTraining(out, 3, 0, [])  # --resume: goes on after the steps it has
-        resumed.step = old_steps
-        return resumed
+        latest = checkpoint.latest_checkpoint(out)
+        start = checkpoint.read_trainer_state(latest)["step"] if latest and "--resume" in cmd else 0
+        return Rewriting(out, runner._steps_logged(runner.Run("x", out, [])), start)
 
     monkeypatch.setattr(runner.figures, "Progress", Recorder)
     monkeypatch.setattr(runner.subprocess, "Popen", popen)
-    for extra, logged, expected in ((["--overwrite"], 3, [3, 3]), (["--resume"], 2, [1, 1])):
-        out = tmp_path / extra[0].strip("-")
+    for n, (extra, logged, saved, expected) in enumerate([(["--overwrite"], 3, 2, [3, 3]), (["--resume"], 2, 2, [1, 1]),
+                                                          (["--resume"], 2, 1, [2, 2]), (["--resume"], 2, 0, [3, 3])]):
+        out = tmp_path / str(n)
         out.mkdir()
         (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, logged + 1)))
+        if saved:
+            step = out / "checkpoint" / f"step-{saved:06d}"
+            step.mkdir(parents=True)
+            (step / "trainer_state.json").write_text(json.dumps({"step": saved, "data": {"epoch": 0, "index": 0},
+                                                                 "config": {}}))
         runner.train_all([(runner.Run("a", str(out), []), extra)], str(tmp_path), 1, {"a": 3}, "test")
-        assert shown[-1] == expected, extra
+        assert shown[-1] == expected, (extra, logged, saved)
 
 
 def test_trainings_started_from_a_background_script_still_stop_on_sigint():

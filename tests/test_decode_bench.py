@@ -1,13 +1,16 @@
 """benchmarks/decode.py and benchmarks/on_gpu.py: the KV bytes a decode step reads, counted from the real step at
 the 4B shape (meta device) against the byte model and the goal (1.0x the unique bytes plus the buckets' rounding);
-the prefill's peak memory for 5 x 17.6k-token prompts; on_gpu.py's refusals; and (slow) every step of on_gpu.py
-end to end at toy size on a CPU, writing its JSON and markdown."""
+the prefill's peak memory for 5 x 17.6k-token prompts; on_gpu.py's refusals, its argument order, Ctrl-C and time
+limits (one line, exit 130, the step's own last line kept); and (slow) on_gpu.py's plan end to end at toy size on a
+CPU, writing its JSON and markdown."""
 
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -84,29 +87,26 @@ def test_decode_refuses_bad_counts_devices_and_shapes_before_building_a_model(ar
 
 
 def test_on_gpu_records_a_cut_off_result_file_and_goes_on(tmp_path, monkeypatch):
-    """A step killed at its time limit in mid-write leaves a cut-off JSON (or metrics.jsonl line): that step gets an
-    error, whole metrics rows are kept, and run_step returns instead of raising (the next steps still run)."""
+    """A step killed at its time limit in mid-write leaves a cut-off JSON: that step gets an error and run_step
+    returns instead of raising (the next steps still run); a whole JSON is the step's result."""
     on_gpu = load("on_gpu")
-    row = {"step": 1, "time/search_s": 1.0, "time/aggregation_s": 2.0, "time/train_s": 3.0, "tokens_generated": 10}
-    (tmp_path / "train-run").mkdir()
-    torn = {"decode": (tmp_path / "decode.json", '{"rows": {"search_8": {"tokens_per'),
-            "train": (tmp_path / "train-run" / "metrics.jsonl", json.dumps(row) + '\n{"step": 2, "time/se')}
     monkeypatch.setattr(on_gpu, "step_commands", lambda step, *a: [[sys.executable, "-c", "print('[x] measured')"]])
-    for step, (path, text) in torn.items():
-        path.write_text(text)
-        record = on_gpu.run_step(step, str(tmp_path), True, str(tmp_path / "model"))
+    (tmp_path / "fastgen.json").write_text('{"rows": {"search_8": {"tokens_per')
+    (tmp_path / "learner.json").write_text('{"learner": {"grouped_flash": {"seconds": 1.5}}}')
+    cut = on_gpu.run_step("fastgen", str(tmp_path), True, 30, {})
+    whole = on_gpu.run_step("learner", str(tmp_path), True, 30, {})
+    for record in (cut, whole):
         assert record["rc"] == 0 and "[x] measured" in record["result_lines"], record
-        if step == "decode":
-            assert "result" not in record and "decode.json unreadable" in record["error"], record
-        else:
-            assert record["result"] == [row] and "error" not in record, record
-            assert any(line.startswith("[train] step 1: search 1.0 s") for line in record["result_lines"])
+    assert "result" not in cut and "fastgen.json unreadable" in cut["error"], cut
+    assert whole["result"]["learner"]["grouped_flash"]["seconds"] == 1.5 and "error" not in whole
 
 
 def test_on_gpu_refuses_bad_arguments_before_any_work(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("a user's file")
     for args, message in ((["full", "--toy"], "not an empty directory"), (["new", "bogus", "--toy"], "unknown step"),
+                          (["new", "--toy", "bytes"], "unknown step(s) bytes"),  # the meta-device step left the plan
+                          (["new", "--toy", "--budget-s", "0"], "--budget-s must be positive"),
                           (["new2"], "no CUDA device"), (["/proc/x", "--toy"], "not writable")):
         proc = run("benchmarks/on_gpu.py", *[str(tmp_path / a) if i == 0 else a for i, a in enumerate(args)])
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
@@ -115,23 +115,80 @@ def test_on_gpu_refuses_bad_arguments_before_any_work(tmp_path):
     assert not (tmp_path / "new").exists() and not (tmp_path / "new2").exists()
 
 
+def test_on_gpu_takes_steps_before_and_after_its_options(tmp_path):
+    """`OUT --toy fastgen` names a step after an option: argparse's plain parse_args rejected it."""
+    on_gpu = load("on_gpu")
+    for argv in ([str(tmp_path / "a"), "--toy", "fastgen", "learner"], [str(tmp_path / "a"), "fastgen", "--toy",
+                                                                         "learner", "--budget-s", "99"]):
+        args = on_gpu.parse(argv)
+        assert args.steps == ["fastgen", "learner"] and args.toy
+
+
+# A stand-in step: says it started, then sleeps; on Ctrl-C it writes its own last line, as bench.py does.
+CHILD = ("import sys, time\nprint('[child] started', flush=True)\ntry:\n    time.sleep(60)\n"
+         "except KeyboardInterrupt:\n    print('[child] interrupted; results so far saved', flush=True)\n"
+         "    sys.exit(130)\n")
+DRIVER = ("import sys; sys.path.insert(0, 'benchmarks'); import on_gpu\n"
+          "on_gpu.step_commands = lambda step, out, toy: [[sys.executable, '-c', {child!r}]]\n"
+          "on_gpu.STEPS['learner'] = ({limit}, 'a stand-in')\n"
+          "sys.exit(on_gpu.main([{out!r}, '--toy', 'learner', 'fastgen']))\n")
+
+
+def _started(path, proc):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and "[child] started" in path.read_text():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_ctrl_c_is_one_line_exit_130_and_the_step_writes_its_own_line_first(tmp_path):
+    out = tmp_path / "figures"
+    driver = DRIVER.format(child=CHILD, limit=300, out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert _started(out / "learner.log", proc), proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert stderr.startswith("on_gpu.py: interrupted in step learner") and stderr.count("\n") == 1, stderr
+    assert "Traceback" not in stderr + stdout
+    assert "[child] interrupted; results so far saved" in (out / "learner.log").read_text()
+    summary = json.loads((out / "gpu.json").read_text())
+    assert list(summary["steps"]) == ["learner"] and summary["steps"]["learner"]["rc"] == "interrupted"
+    assert "[child] interrupted; results so far saved" in summary["steps"]["learner"]["result_lines"]
+
+
+def test_a_step_past_its_limit_is_told_to_stop_writes_its_line_and_the_next_step_runs(tmp_path):
+    out = tmp_path / "figures"
+    driver = DRIVER.format(child=CHILD, limit=3, out=str(out))
+    proc = subprocess.run([sys.executable, "-c", driver.replace("'fastgen'", "'fastgen', '--budget-s', '200'")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    summary = json.loads((out / "gpu.json").read_text())
+    assert summary["steps"]["learner"]["rc"] == "timeout", summary
+    assert "[child] interrupted; results so far saved" in summary["steps"]["learner"]["result_lines"]
+    assert "fastgen" in summary["steps"] and proc.returncode == 1  # the next step ran (the stand-in again)
+
+
 @pytest.mark.slow
-def test_on_gpu_runs_every_step_at_toy_size_on_cpu(tmp_path):
-    """What a GPU session runs, end to end at toy size: every step exits 0 and its results reach gpu.json and
-    gpu.md with the device, date, commit and command."""
+def test_on_gpu_runs_its_plan_at_toy_size_on_cpu(tmp_path):
+    """What a GPU session runs, end to end at toy size: every step of the plan exits 0 and its results reach
+    gpu.json and gpu.md with the device, date, commit and command."""
     out = tmp_path / "figures"
     proc = run("benchmarks/on_gpu.py", str(out), "--toy", timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "gpu.json").read_text())
-    assert list(summary["steps"]) == ["bytes", "decode", "spiral", "hf", "train"]
+    assert list(summary["steps"]) == ["learner", "fastgen", "train"]
     assert all(r["rc"] == 0 and r["seconds"] > 0 for r in summary["steps"].values())
     assert summary["device"] == "cpu (toy)" and summary["commit"] and "--toy" in summary["command"]
-    decode = summary["steps"]["decode"]["result"]
-    assert {"search_8", "search_24", "aggregation_8", "aggregation_24"} <= set(decode["rows"])
-    assert all(r["tokens_per_s"] > 0 and r["decode_steps"] >= 1 for r in decode["rows"].values())
-    assert decode["train"]["mfu"] > 0 and decode["hf_row2"]["tokens_per_s"] > 0
-    assert summary["steps"]["spiral"]["result"]["spiral"]["spiral"]["tokens_generated"] > 0
-    (row,) = summary["steps"]["train"]["result"]
-    assert row["step"] == 1 and row["tokens_generated"] > 0
+    learner = summary["steps"]["learner"]["result"]["learner"]
+    assert {f"{a}_{b}{c}" for a in ("grouped", "per-sample") for b in ("flash", "cudnn") for c in ("", "_keep")} \
+        <= set(learner)
+    assert all(r["seconds"] > 0 and "error" not in r for r in learner.values() if isinstance(r, dict))
+    assert summary["steps"]["fastgen"]["result"]["rows"]["search_8"]["tokens_per_s"] > 0
+    train = summary["steps"]["train"]["result"]
+    assert train["aggregation_call"]["prompts_per_call"] == [2] and train["aggregation_call"]["tokens_generated"] > 0
+    assert train["train_py"]["samples_trained"] > 0 and train["train_py"]["learner_s"] > 0
     markdown = (out / "gpu.md").read_text()
     assert summary["commit"] in markdown and all(f"| {s} | 0 |" in markdown for s in summary["steps"])

@@ -5,6 +5,7 @@ import importlib.util
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -167,6 +168,28 @@ def test_rsa_runs_in_lockstep_are_the_runs_done_alone():
     assert together[1][1].sets_P_k != together[2][1].sets_P_k  # same P, another problem: other sets
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_rsa_equals_the_per_problem_loop_of_the_paper(seed):
+    """recursive_self_aggregation (every problem and population in one call per step) draws the same sets and
+    builds the same prompts, step by step, as rsa_by_definition run on each problem alone."""
+    rng = np.random.default_rng(seed)
+    runs = [(f"problem {int(rng.integers(100))} + {i}", int(rng.integers(2, 9))) for i in range(int(rng.integers(1, 5)))]
+    set_size = int(rng.integers(1, min(P for _, P in runs) + 1))
+    trace = lambda text: evaluate.Trace(text, 1, 1, False)  # noqa: E731
+    aggregated = lambda prompt: trace(testtime.digest(prompt)[:12])  # noqa: E731  (a pure function of the prompt)
+    batched = testtime.recursive_self_aggregation(
+        runs, set_size=set_size, steps=4, seed=seed,
+        search=lambda r: [trace(f"{runs[r][0]} | search {i}") for i in range(runs[r][1])],
+        aggregate=lambda t, prompts_R: [[aggregated(p) for p in prompts] for prompts in prompts_R])
+    for (problem, P), history in zip(runs, batched):
+        searched = iter(range(P))
+        alone = testtime.rsa_by_definition(problem, population=P, set_size=set_size, steps=4, seed=seed,
+                                           sample_search=lambda: trace(f"{problem} | search {next(searched)}"),
+                                           sample_aggregation=aggregated)
+        assert [(s.step, s.sets_P_k, [t.text for t in s.traces]) for s in history] == \
+            [(s.step, s.sets_P_k, [t.text for t in s.traces]) for s in alone]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Batching: the call plan and the sampler's cache
 
@@ -306,9 +329,19 @@ def test_a_cold_run_an_interrupted_run_and_its_resumption_agree(tiny_runs, monke
     monkeypatch.setattr(rollout, "generate", interrupted)
     command = [*runs.FLAGS, "--data", str(runs.data), *flags, "--cache-dir", str(runs.root / "resumed"),
                "--out", str(runs.root / "resumed.json")]
-    assert evaluate.main(command) == 130
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "interrupted" in err and str(runs.root / "resumed") in err
+    # Progress lines share stderr (figures.Progress: one per 30 s, so a busy machine prints some): here one per
+    # update, so that the interruption is shown to be the last line and the only other one whatever the load
+    import re
+
+    import figures
+
+    with monkeypatch.context() as every_update:
+        every_update.setitem(figures.Progress.__init__.__kwdefaults__, "every_s", 0.0)
+        assert evaluate.main(command) == 130
+    lines = capsys.readouterr().err.splitlines()
+    said = [line for line in lines if not re.fullmatch(r".+: \d+/\d+ traces.*, \d+:\d\d(:\d\d)? elapsed.*", line)]
+    assert len(lines) > 1 and said == lines[-1:] and "interrupted" in said[0], lines
+    assert str(runs.root / "resumed") in said[0]
     monkeypatch.setattr(rollout, "generate", generate)
     resumed, prompts = runs(*flags, "--cache-dir", str(runs.root / "resumed"), out=runs.root / "resumed.json")
     assert len(prompts) == 3 + 3 * 2  # the second problem's step 2, then both problems' step 3

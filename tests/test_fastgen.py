@@ -4,9 +4,11 @@ seed draws the same tokens (same Completions), the sample distribution follows s
 truncation, and one decode step traces into a single graph with no graph break (torch.compile fullgraph)."""
 
 import copy
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastgen
 import lora
@@ -130,29 +132,29 @@ def test_linear_equals_loralinear_with_the_adapter_in_persistent_buffers(adapted
     the float64 truth as LoRALinear's own three roundings), its A and B copied into buffers that keep their address
     when the adapter changes (a captured CUDA graph reads them), and the base alone when no adapter is active."""
     module = adapted.model.layers[1].self_attn.k_proj
-    engine = fastgen.Engine(adapted)
+    buffers = fastgen.Engine(adapted).adapters
     x = torch.randn(5, 128)
-    torch.testing.assert_close(engine.linear(module)(x), module(x), atol=1e-6, rtol=0)
+    torch.testing.assert_close(buffers.linear(module)(x), module(x), atol=1e-6, rtol=0)
     bf16 = copy.deepcopy(adapted).to(torch.bfloat16)
     for _, m in lora.lora_modules(bf16):  # the adapter keeps its fp32 masters, as in a bf16 training run
         m.lora_A.float()
         m.lora_B.float()
     module16 = bf16.model.layers[1].self_attn.k_proj
-    linear = fastgen.Engine(bf16).linear(module16)
+    linear = fastgen.Engine(bf16).adapters.linear(module16)
     assert linear.A.dtype == linear.B.dtype == torch.bfloat16
     xb = x.bfloat16()
     A, B = module16.lora_A["default"].weight.double(), module16.lora_B["default"].weight.double()
     truth = xb.double() @ module16.base_layer.weight.double().T + (xb.double() @ A.T @ B.T) * module16.scaling["default"]
     assert (linear(xb).double() - truth).abs().max() <= (module16(xb).double() - truth).abs().max() + 1e-3
-    a_buffer = engine.linear(module).A
+    a_address = buffers.linear(module).A.data_ptr()
     with torch.no_grad():
         module.lora_A["default"].weight.add_(1.0)  # an optimizer step
-    again = engine.linear(module)
-    assert again.A is a_buffer and again.A.equal(module.lora_A["default"].weight)  # same buffer, new values
+    again = buffers.linear(module)
+    assert again.A.data_ptr() == a_address and again.A.equal(module.lora_A["default"].weight)  # same buffer, new values
     with torch.no_grad():
         module.lora_A["default"].weight.sub_(1.0)
     with lora.use_adapter(adapted, None):
-        assert engine.linear(module).A is None  # no adapter active: the base alone
+        assert buffers.linear(module).A is None  # no adapter active: the base alone
 
 
 def test_decode_step_is_one_graph_with_the_adapter_active(adapted):
@@ -162,7 +164,7 @@ def test_decode_step_is_one_graph_with_the_adapter_active(adapted):
     engine = fastgen.Engine(adapted)
     w = engine.weights(adapted)
     shape = fastgen.CallShape.of([7, 10], copies=2, max_new_tokens=20)
-    cache, state, _ = engine.call(w, shape, eos_count=2, adapters=("default",))
+    cache, state, _ = engine.call(w, shape, eos_count=2)
     state.start(shape, [7, 10], 0.7, [1, 2], w.kv_heads)
     explanation = torch._dynamo.explain(fastgen.decode_one_token)(w, cache, state, shape, 256)
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
@@ -302,20 +304,27 @@ def test_same_stream_across_micro_batches_that_stop_early(tokenizer):
 
 def test_cache_and_adapter_persist_across_calls_and_see_each_optimizer_step(tokenizer):
     """Two calls of one shape reuse the arena and the adapter buffers (same addresses: what a captured CUDA graph
-    reads), and the second call samples from the adapter as updated in between, as the reference does."""
+    reads), and the second call samples from the adapter as updated in between, as the reference does. release()
+    frees the arena only; reset() drops the engine."""
     model = with_adapter(rollout.load_policy("tiny", device="cpu")[0], seed=3)
     run(model, tokenizer, "fast", seed=0, max_new_tokens=6, micro_batch_size=9)
     engine = fastgen._ENGINE[0]
-    arena_ptr, buffers = engine.arena.data_ptr(), {k: v[0].data_ptr() for k, v in engine.adapters.items()}
+
+    def addresses():
+        return {k: (v[1].data_ptr(), *(b.data_ptr() for b in v[2])) for k, v in engine.adapters.buffers.items()}
+
+    arena_ptr, buffers = engine.arena.data_ptr(), addresses()
     with torch.no_grad():
         for p in lora.lora_parameters(model):
             p.mul_(1.5)  # an optimizer step
     fast = run(model, tokenizer, "fast", seed=9, max_new_tokens=6, micro_batch_size=9)
-    assert fastgen._ENGINE[0] is engine and engine.arena.data_ptr() == arena_ptr
-    assert {k: v[0].data_ptr() for k, v in engine.adapters.items()} == buffers
+    assert fastgen._ENGINE[0] is engine and engine.arena.data_ptr() == arena_ptr and addresses() == buffers
     same_completions(fast, run(model, tokenizer, "hf", seed=9, max_new_tokens=6, micro_batch_size=9))
     fastgen.release()
-    assert not fastgen._ENGINE and fastgen.held_bytes("cpu") == 0
+    assert fastgen._ENGINE == [engine] and engine.arena is None and fastgen.held_bytes("cpu") == 0
+    assert addresses() == buffers and len(engine.calls) == 1  # kept for the next collection
+    fastgen.reset()
+    assert not fastgen._ENGINE
 
 
 def test_train_like_calls_bound_graphs_and_compilations(adapted, tokenizer, monkeypatch):
@@ -393,9 +402,280 @@ def test_auto_engine_is_fast_on_cuda_for_qwen3_only(adapted):
     (on a CPU, and for other architectures on CUDA)."""
     from types import SimpleNamespace
 
-    cuda_qwen3 = SimpleNamespace(device=torch.device("cuda"), config=adapted.config, lm_head=adapted.lm_head)
+    cuda_qwen3 = SimpleNamespace(device=torch.device("cuda"), config=adapted.config, model=adapted.model,
+                                 lm_head=adapted.lm_head)
     llama_config = SimpleNamespace(model_type="llama")
     assert rollout.resolve_engine("auto", cuda_qwen3) == "fast"
     assert rollout.resolve_engine("auto", adapted) == "hf"
     assert rollout.resolve_engine("auto", SimpleNamespace(device=torch.device("cuda"), config=llama_config)) == "hf"
     assert rollout.resolve_engine("hf", cuda_qwen3) == "hf"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The LoRA side path stacked; what persists across calls and releases, and what a captured graph is keyed by
+
+
+class MatmulCounter(TorchDispatchMode):
+    """Counts the matrix products dispatched under it (F.linear and addmm reach aten as mm/addmm/bmm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
+                                               torch.ops.aten.baddbmm)
+        return func(*args, **(kwargs or {}))
+
+
+def one_step_matmuls(model) -> int:
+    engine = fastgen.Engine(model)
+    w = engine.weights(model)
+    shape = fastgen.CallShape.of([7, 10], copies=2, max_new_tokens=20)
+    cache, state, _ = engine.call(w, shape, eos_count=2)
+    state.start(shape, [7, 10], 0.7, [1, 2], w.kv_heads)
+    with torch.no_grad(), MatmulCounter() as counter:
+        fastgen.decode_one_token(w, cache, state, shape, 256)
+    return counter.count
+
+
+def test_stacked_lora_equals_each_projection_alone(adapted):
+    """q, k, v (and gate, up) with their A stacked: one x A^T matmul, then each output's own columns times its B,
+    equal to each Linear with its own A matmul (and to LoRALinear) in fp32 and bf16, also with a projection of the
+    group that has no adapter active (its columns absent); and a decode step makes 4 A and 7 B matmuls a layer."""
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        model = copy.deepcopy(adapted).to(dtype)
+        for _, m in lora.lora_modules(model):  # fp32 masters
+            m.lora_A.float()
+            m.lora_B.float()
+        attn, mlp = model.model.layers[2].self_attn, model.model.layers[2].mlp
+        attn.k_proj.active_adapter = None  # k alone without its adapter: the stacked A holds q's and v's rows only
+        buffers = fastgen.Engine(model).adapters
+        for modules in ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)):
+            stacked = buffers.stacked(modules)
+            assert stacked.A.shape[0] == 4 * sum(m.active_adapter is not None for m in modules)
+            x = torch.randn(6, 1, 128).to(dtype)
+            for got, linear, module in zip(stacked(x), stacked.linears, modules):
+                torch.testing.assert_close(got, linear(x), atol=1e-6, rtol=0)  # one A matmul per projection
+                if dtype == torch.float32:
+                    torch.testing.assert_close(got, module(x), atol=1e-5, rtol=0)
+    layers = len(adapted.model.layers)
+    with lora.use_adapter(adapted, None):
+        base = one_step_matmuls(adapted)
+    assert one_step_matmuls(adapted) - base == layers * (4 + 7)  # A: qkv, o, gate-up, down; B: one per projection
+
+
+def test_decode_benchmark_counts_the_kernels_of_a_step(adapted):
+    """benchmarks/decode.py --kernels' counter on the tiny model: the matmuls counted here, two attention calls and
+    five compiled chains a layer counted as one kernel each (as a CUDA graph launches them), views not counted."""
+    from test_decode_bench import load
+
+    decode = load("decode")
+    shape = fastgen.CallShape.of([7, 10], copies=2, max_new_tokens=20)
+    counted = decode.step_kernels(adapted, [7, 10], shape)
+    layers, ops = len(adapted.model.layers), counted["by_op"]
+    assert ops["attention"] == 2 * layers  # the CPU attention's two matmuls counted as its one kernel
+    assert counted["matmuls"] + 2 * ops["attention"] == one_step_matmuls(adapted)
+    assert ops["fused_rms_norm_fn"] == 4 * layers + 1 and ops["fused_rotate"] == 2 * layers
+    assert "view" not in ops and "t" not in ops and counted["kernels"] == sum(ops.values())
+
+
+def test_adapter_named_as_evaluate_names_it_with_its_own_scale(adapted, tokenizer):
+    """An adapter named `policy:<label>` (evaluate.py's names) with alpha / r unlike the "default" adapter's, active:
+    the same Completions as the reference (the scale read from the active adapter, not from "default")."""
+    model = copy.deepcopy(adapted)
+    params = lora.add_lora(model, rank=4, alpha=24.0, adapter_name="policy:a")  # scale 6, "default"'s is 2
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)) * 0.05)
+    with lora.use_adapter(model, "policy:a"):
+        same_completions(run(model, tokenizer, "fast", seed=1, micro_batch_size=9),
+                         run(model, tokenizer, "hf", seed=1, micro_batch_size=9))
+
+
+def test_each_adapter_and_each_rank_has_its_own_graphs(adapted, tokenizer, monkeypatch):
+    """Graphs are keyed by what they read: the aggregator adapter does not replay the search adapter's graphs (a
+    second set is counted), a repeat of either captures none, an adapter re-made with another rank under the same
+    name gets new buffers and new graphs, and so does a new LoRA scale; every call samples as the reference does."""
+    monkeypatch.setattr(fastgen, "SUFFIX_BUCKET", 4)
+    model = copy.deepcopy(adapted)
+    params = lora.add_lora(model, rank=4, alpha=8.0, adapter_name="aggregator")
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(8)) * 0.05)
+    fastgen.reset()
+    counts = []
+    for name in ("default", "aggregator", "default", "aggregator"):
+        with lora.use_adapter(model, name):
+            same_completions(run(model, tokenizer, "fast", seed=2, micro_batch_size=9),
+                             run(model, tokenizer, "hf", seed=2, micro_batch_size=9))
+        counts.append(fastgen._ENGINE[0].captures)
+    assert counts[0] == 3 and counts[1] == 6 and counts[3] == counts[2] == 6  # 12 tokens: buckets of 4, 8, 12
+    for _, m in lora.lora_modules(model):  # "aggregator" again, rank 8
+        del m.lora_A["aggregator"], m.lora_B["aggregator"], m.scaling["aggregator"]
+    params = lora.add_lora(model, rank=8, alpha=8.0, adapter_name="aggregator")
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(9)) * 0.05)
+    with lora.use_adapter(model, "aggregator"):
+        same_completions(run(model, tokenizer, "fast", seed=3, micro_batch_size=9),
+                         run(model, tokenizer, "hf", seed=3, micro_batch_size=9))
+    assert fastgen._ENGINE[0].captures == 9
+    for _, m in lora.lora_modules(model):  # the same buffers with another alpha / r: a graph bakes the scale in
+        m.scaling["aggregator"] = 3.0
+    with lora.use_adapter(model, "aggregator"):
+        same_completions(run(model, tokenizer, "fast", seed=3, micro_batch_size=9),
+                         run(model, tokenizer, "hf", seed=3, micro_batch_size=9))
+    assert fastgen._ENGINE[0].captures == 12
+
+
+def test_call_keys_keep_the_most_recent(adapted, tokenizer):
+    """Six calls of five shapes: at most MAX_CALL_SHAPES keys are kept, the least recently used dropped (the newest
+    always kept), and a shape seen again among them reuses its state and graphs (none counted again)."""
+    fastgen.reset()
+    model = copy.deepcopy(adapted)
+    keys, captures = [], []
+    for n in (1, 2, 3, 1, 4, 5):  # prompts per call: each n a call shape
+        torch.manual_seed(0)
+        rollout.generate(model, tokenizer, (PROMPTS * 2)[:n], samples_per_prompt=2, max_new_tokens=3, engine="fast")
+        engine = fastgen._ENGINE[0]
+        keys.append([key[0].P for key in engine.calls])
+        captures.append(engine.captures)
+    assert keys == [[1], [1, 2], [1, 2, 3], [2, 3, 1], [2, 3, 1, 4], [3, 1, 4, 5]]
+    assert captures == [1, 2, 3, 3, 4, 5]  # one suffix bucket per call
+
+
+def test_the_arena_grows_with_the_old_one_freed_first(adapted, tokenizer, monkeypatch):
+    """A call that needs more KV slots than the arena holds gets a new arena, allocated after the old one is freed
+    (peak memory: the larger one, not both); held_bytes counts the arena in bytes."""
+    fastgen.reset()
+    alive_at_allocation, previous = [], []
+    real = fastgen._new_arena
+
+    def allocating(elements, dtype, device):
+        alive_at_allocation.append([ref() is not None for ref in previous])
+        arena = real(elements, dtype, device)
+        previous.append(weakref.ref(arena))
+        return arena
+
+    monkeypatch.setattr(fastgen, "_new_arena", allocating)
+    model = copy.deepcopy(adapted)
+    for n, copies in ((1, 2), (3, 8)):  # the second call needs more slots than the 2**20 the first one allocated
+        rollout.generate(model, tokenizer, PROMPTS[:n], samples_per_prompt=copies, max_new_tokens=3, engine="fast")
+    engine = fastgen._ENGINE[0]
+    assert alive_at_allocation == [[], [False]]
+    shape = fastgen.CallShape.of([len(rollout.chat_prompt_ids(tokenizer, p)) for p in PROMPTS], 8, 3)
+    need = fastgen.KVCache.elements(len(model.model.layers), shape, 2, 32)
+    assert engine.arena.numel() >= need and fastgen.held_bytes("cpu") == engine.arena.numel() * 4  # fp32: 4 bytes
+    assert fastgen.held_bytes("meta") == 0
+
+
+def test_another_model_gets_its_own_engine(adapted, tokenizer):
+    """Sampling from a second model replaces the engine (the first model's buffers and graphs go with it)."""
+    first, second = copy.deepcopy(adapted), with_adapter(rollout.load_policy("tiny", device="cpu")[0], seed=5)
+    run(first, tokenizer, "fast", seed=0, max_new_tokens=3)
+    engine = fastgen._ENGINE[0]
+    same_completions(run(second, tokenizer, "fast", seed=0, max_new_tokens=3),
+                     run(second, tokenizer, "hf", seed=0, max_new_tokens=3))
+    assert len(fastgen._ENGINE) == 1 and fastgen._ENGINE[0] is not engine and fastgen._ENGINE[0].model() is second
+
+
+def test_nothing_stale_in_the_arena_reaches_a_later_call(adapted, tokenizer, monkeypatch):
+    """Whatever the arena holds (NaN everywhere, after one call; or a new arena's uninitialised memory), the next
+    call samples exactly what a fresh engine samples: every slot a call reads is written first, masked slots
+    included (a NaN behind a mask would still poison its row: 0 x NaN = NaN)."""
+    kwargs = dict(prompts=PROMPTS[:2], max_new_tokens=9, micro_batch_size=6)
+    fastgen.reset()
+    fresh = run(adapted, tokenizer, "fast", seed=4, **kwargs)
+    run(adapted, tokenizer, "fast", seed=0, prompts=PROMPTS, max_new_tokens=12, micro_batch_size=9)
+    fastgen._ENGINE[0].arena.fill_(float("nan"))
+    assert [c.logprobs for g in run(adapted, tokenizer, "fast", seed=4, **kwargs) for c in g] == \
+        [c.logprobs for g in fresh for c in g]
+    fastgen.reset()
+    monkeypatch.setattr(fastgen, "_new_arena", lambda n, dtype, device: torch.full((n,), float("inf"), dtype=dtype))
+    same_completions(run(adapted, tokenizer, "fast", seed=4, **kwargs), fresh, atol=0)
+
+
+def test_graphs_outlive_release_when_the_arena_comes_back_where_it_was(adapted, tokenizer, monkeypatch):
+    """Three train.py-like steps (a search call, an aggregation call, then release() for the learner): if each new
+    arena sits where the last one did (as the CUDA caching allocator can return the block the learner gave back),
+    the first step's graphs serve the later steps (on a CPU, counted); if it moves, every step captures its own.
+    Either way each call samples as the reference does."""
+    monkeypatch.setattr(fastgen, "SUFFIX_BUCKET", 4)
+    search = [rollout.search_prompt(f"What is {i} + {i + 1}?") for i in range(3)]
+    aggregation = [rollout.aggregation_prompt(p, ["12", "13 because 6 + 7"]) for p in search[:2]]
+    model = copy.deepcopy(adapted)
+    for moving in (False, True):
+        block, steps = torch.empty(1 << 22), []
+
+        def allocate(elements, dtype, device):
+            start = (1 << 20) * len(steps) if moving else 0  # moving: another part of the block each step
+            return block[start: start + elements]
+
+        monkeypatch.setattr(fastgen, "_new_arena", allocate)
+        fastgen.reset()
+        for step in range(3):
+            for prompts, copies in ((search, 4), (aggregation, 2)):
+                kwargs = dict(samples_per_prompt=copies, max_new_tokens=10, temperature=0.7, micro_batch_size=64)
+                torch.manual_seed(step)
+                fast = rollout.generate(model, tokenizer, prompts, engine="fast", **kwargs)
+                torch.manual_seed(step)
+                same_completions(fast, rollout.generate(model, tokenizer, prompts, engine="hf", **kwargs))
+            steps.append(fastgen._ENGINE[0].captures)
+            fastgen.release()
+        assert steps == ([6, 12, 18] if moving else [6, 6, 6])  # 2 calls x 3 buckets of 4 slots
+
+
+def fake_cuda(model):
+    """What rollout.resolve_engine and fastgen.supports read of a model, on a device said to be CUDA."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(device=torch.device("cuda"), config=model.config, model=model.model, lm_head=model.lm_head)
+
+
+class ForeignLoRA(torch.nn.Module):
+    """Another library's LoRA layer (as peft's LoraLayer): the base inside, `weight` its base's, its own side path."""
+
+    def __init__(self, base: torch.nn.Linear):
+        super().__init__()
+        self.base_layer = base
+        self.side = torch.nn.Linear(base.in_features, base.out_features, bias=False)
+
+    @property
+    def weight(self):
+        return self.base_layer.weight
+
+    def forward(self, x):
+        return self.base_layer(x) + self.side(x)
+
+
+def test_fast_engine_refuses_linears_it_would_misread(tokenizer):
+    """A projection that is not an nn.Linear or a lora.LoRALinear around one (another library's LoRA layer, a
+    subclass) would be read as its base weight and its adapter ignored: supports() names it, rollout refuses
+    engine="fast", and "auto" picks the reference even on CUDA."""
+    model = rollout.load_policy("tiny", device="cpu")[0]
+    assert fastgen.supports(model) == "" and rollout.resolve_engine("auto", fake_cuda(model)) == "fast"
+    for wrap in (ForeignLoRA, lambda base: lora.LoRALinear(ForeignLoRA(base))):
+        wrapped = copy.deepcopy(model)
+        wrapped.model.layers[3].mlp.up_proj = wrap(wrapped.model.layers[3].mlp.up_proj)
+        reason = fastgen.supports(wrapped)
+        assert "model.layers.3.mlp.up_proj" in reason, reason
+        assert rollout.resolve_engine("auto", fake_cuda(wrapped)) == "hf"
+        with pytest.raises(ValueError, match="up_proj"):
+            rollout.generate(wrapped, tokenizer, ["Hi"], samples_per_prompt=1, max_new_tokens=2, engine="fast")
+
+
+def test_fast_engine_refuses_a_real_peft_model(tokenizer):
+    """Runs only where peft is installed: peft's LoRA layers, in the model peft wrapped in place or through the
+    PeftModel, are refused (the fast engine would have sampled the model without its adapter)."""
+    peft = pytest.importorskip("peft")
+    base = copy.deepcopy(rollout.load_policy("tiny", device="cpu")[0])
+    peft_model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                           init_lora_weights=False))
+    assert "model.layers.0.self_attn.q_proj is a peft." in fastgen.supports(base)  # wrapped in place
+    assert "PeftModel" in fastgen.supports(peft_model)  # its decoder layers sit deeper than a Qwen3ForCausalLM's
+    for model in (base, peft_model):
+        assert rollout.resolve_engine("auto", fake_cuda(model)) == "hf"
+        with pytest.raises(ValueError):
+            rollout.generate(model, tokenizer, ["Hi"], samples_per_prompt=1, max_new_tokens=2, engine="fast")

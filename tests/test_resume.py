@@ -232,7 +232,8 @@ def test_a_checkpoint_from_before_fingerprints_resumes_and_a_changed_one_is_refu
 # Settings that do not change the algorithm (where and how fast it runs, how often it saves): the only ones --resume
 # may change. Every other TrainConfig field changes what is trained.
 MAY_CHANGE = {"steps", "save_every", "out", "resume", "overwrite", "device", "cpu_threads", "plot",
-              "micro_batch_tokens", "logprob_chunk_size", "generation_batch_size", "generation_tokens", "generation"}
+              "micro_batch_tokens", "logprob_chunk_size", "generation_batch_size", "generation_tokens", "generation",
+              "learner", "learner_attention", "keep_attention_outputs"}
 
 
 def test_a_resume_refuses_a_change_of_every_setting_that_changes_the_algorithm():

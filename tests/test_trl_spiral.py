@@ -209,7 +209,7 @@ def test_trl_flags_and_config_yaml_take_precedence_in_order(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--gradient_accumulation_steps", "5"], "--gradient-accumulation-steps must be a divisor of the 14 rows"),
+    (["--gradient_accumulation_steps", "5"], "--gradient_accumulation_steps must be a divisor of the 14 rows"),
     (["--beta", "0.04"], "--beta 0.04: SPIRAL pins it to 0.0 (SPIRAL has no KL term)"),
     (["--num_iterations", "2"], "--num_iterations 2: SPIRAL pins it to 1"),
     (["--top_p", "0.9"], "--top_p 0.9: SPIRAL pins it to 1.0"),
@@ -219,7 +219,7 @@ def test_trl_flags_and_config_yaml_take_precedence_in_order(tmp_path):
     (["--bf16", "true"], "--bf16 True: SPIRAL derives it as False"),
     (["--algo", "grpo"], "unrecognized arguments: --algo grpo"),
     (["--use_vllm"], "--use_vllm needs a CUDA GPU and vllm"),
-    (["--num_sets", "9"], "--num-sets 9 exceeds the C(3, 2) = 3 possible sets"),
+    (["--num_sets", "9"], "--num_sets 9 exceeds the C(3, 2) = 3 possible sets"),
     (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: FileNotFoundError"),
     (["--ds3_gather_for_generation", "false"], "--ds3_gather_for_generation False: SPIRAL pins it to True"),
     (["--fsdp", "full_shard"], "FSDP needs --use_vllm"),

@@ -94,6 +94,50 @@ def test_a_library_run_as_a_script_prints_its_help_or_one_line(module, monkeypat
             assert err.count("\n") == 1 and err.startswith(f"{module}.py: error:") and not out
 
 
+SCRIPTS = sorted([*(p for p in os.listdir(ROOT) if p.endswith(".py")),
+                  *(os.path.join("benchmarks", p) for p in os.listdir(os.path.join(ROOT, "benchmarks"))
+                    if p.endswith(".py"))])
+
+
+def _help_answer(script: str, code, out: str, err: str) -> None:
+    """`python SCRIPT --help` prints what the script or module is for and exits 0, with nothing on stderr;
+    trl_spiral.py where trl is not installed says in one line what to install (exit 2)."""
+    if script == "trl_spiral.py" and importlib.util.find_spec("trl") is None:
+        assert code == 2 and not out and err.count("\n") == 1 and "pip install trl==" in err, (code, out, err)
+        return
+    assert code in (0, None) and out.strip() and not err, (code, out, err)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_and_module_answers_help(script, tmp_path, monkeypatch, capsys):
+    """Every top-level module and benchmark script, run as `python SCRIPT --help`, says what it is for (17 library
+    modules printed nothing), and does nothing else: no file written. In this process (run as __main__ by runpy, the
+    libraries already imported): a fresh interpreter per file is the slow test below."""
+    path = os.path.join(ROOT, script)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [path, "--help"])
+    monkeypatch.setattr(sys, "path", [os.path.dirname(path), *sys.path])  # as `python SCRIPT` sets it
+    try:
+        runpy.run_path(path, run_name="__main__")
+        code = None
+    except SystemExit as exit_info:
+        code = exit_info.code
+    out, err = capsys.readouterr()
+    _help_answer(script, code, out, err)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_every_script_and_module_answers_help_in_a_fresh_interpreter(tmp_path):
+    import subprocess
+
+    for script in SCRIPTS:
+        done = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        _help_answer(script, done.returncode, done.stdout, done.stderr)
+    assert os.listdir(tmp_path) == []
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Warm starts: tiny_parts.py and train.py --warm-start-only replace only a warm start of their own task
 
@@ -285,6 +329,60 @@ def test_resuming_into_a_linked_adapter_is_refused_and_the_link_kept(tmp_path):
     os.symlink(tmp_path / "mine", run / "adapter")
     why = checkpoint.out_dir_problem(str(run), resume=True, overwrite=False, keep={})
     assert "adapter is a symbolic link" in why and os.path.islink(run / "adapter")
+
+
+@pytest.fixture
+def small_run(tmp_path, monkeypatch):
+    """train.py on the code-built tiny policy (its base saved to OUT/base), a step or two: (flags without --out)."""
+    from tests.test_checkpoint import SMALL
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(3)))
+    return [*SMALL, "--data", str(data), "--steps", "1"]
+
+
+def test_a_resume_refuses_a_base_that_is_not_what_the_run_wrote(small_run, tmp_path, capsys):
+    """A truncated OUT/base/model.safetensors: the resume stops in one line before any work (it resumed with exit 0
+    and wrote adapters pointing at the corrupt base). Removed, as the line says, it is written again, the same."""
+    run = tmp_path / "run"
+    assert train.main([*small_run, "--out", str(run)]) == 0
+    weights = run / "base" / "model.safetensors"
+    record = json.loads((run / "base" / checkpoint.BASE_RECORD).read_text())
+    assert record["model.safetensors"][0] == weights.stat().st_size and "config.json" in record
+    original = weights.read_bytes()
+    for corrupt in (original[:len(original) // 2], original[:-1] + bytes([original[-1] ^ 1])):  # truncated, a bit
+        weights.write_bytes(corrupt)
+        before = _snapshot(run)
+        capsys.readouterr()
+        assert train.main(["--out", str(run), "--resume", "--steps", "2"]) == 2
+        _one_line(capsys, "train.py", f"--resume: {weights} is not what the run wrote ({len(corrupt):,} bytes",
+                  f"written: {len(original):,} bytes", f"remove {run / 'base'} and resume again")
+        assert _snapshot(run) == before
+    shutil.rmtree(run / "base")
+    assert train.main(["--out", str(run), "--resume", "--steps", "2"]) == 0
+    assert weights.read_bytes() == original
+
+
+def test_overwrite_through_a_link_keeps_the_link_and_deletes_the_old_run_it_promised_to(small_run, tmp_path, capsys):
+    """--out LINK --overwrite, LINK a symbolic link to a run directory: the new run is made where the link points and
+    the link stays; the old run is deleted after the first checkpoint as promised (LINK.old-* was left behind);
+    nothing else beside the run is touched."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "notes.txt").write_text("mine")
+    assert train.main([*small_run, "--out", str(runs / "real")]) == 0
+    (runs / "real" / "metrics.jsonl").write_text('{"step": 1, "old": true}\n')  # to tell the old run from the new
+    os.symlink(runs / "real", tmp_path / "link")
+    capsys.readouterr()
+    assert train.main([*small_run, "--out", str(tmp_path / "link"), "--overwrite"]) == 0
+    assert f"moved the old run to {runs / 'real'}.old-" in capsys.readouterr().out
+    assert os.readlink(tmp_path / "link") == str(runs / "real")
+    assert sorted(os.listdir(tmp_path)) == ["link", "problems.jsonl", "runs"]
+    assert sorted(os.listdir(runs)) == ["notes.txt", "real"] and (runs / "notes.txt").read_text() == "mine"
+    assert '"old"' not in (runs / "real" / "metrics.jsonl").read_text()
+    assert checkpoint.latest_checkpoint(str(tmp_path / "link")) == str(tmp_path / "link" / "checkpoint" / "step-000001")
 
 
 def _tiny_lora():

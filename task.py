@@ -1,0 +1,200 @@
+"""A task: the problems x that training draws and the reward r(x, y) that scores a trace y (Algorithm 1, line 8).
+
+The math grader is the default task: r(x, y) = reward.reward(y, x.answer), 1 iff the last \\boxed{} answer of y equals
+the gold answer. A user's task is any function
+
+    def my_reward(problem: problemset.Problem, completion: str) -> float
+
+named on the command line as MODULE:FUNCTION (an importable module) or PATH.py:FUNCTION (a file), with the problem
+file's columns mapped by --data-columns (problemset.Columns; the row's every column is in `problem.fields`). Every
+entry point takes it: train.py and evaluate.py (--reward), spiral.collect_spiral / collect_grpo (reward_fn=),
+trl_spiral.py (--reward) and SpiralGRPOTrainer (reward_funcs, in TRL's signature: `trl_reward` adapts one).
+
+A reward must return a finite real number for every completion, the empty one included (a model may stop at once):
+`load_reward` imports it and probes it on one problem with the empty completion before any training work, and
+`checked` checks every value during training. Either failure is a RewardError of one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import math
+import numbers
+import os
+import sys
+from typing import Callable
+
+from problemset import Problem
+
+RewardFn = Callable[[Problem, str], float]  # r(x, y): a problem and a completion's text
+
+
+class RewardError(Exception):
+    """A reward function that cannot be loaded, raises, or returns something other than a finite number (one line)."""
+
+
+def math_reward(problem: Problem, completion: str) -> float:
+    """The default task's r(x, y): reward.reward(y, gold), the math-verify grader on the last \\boxed{} answer."""
+    import reward  # here, not at import: a user's task never starts (or imports) the grader
+
+    return reward.reward(completion, problem.answer)
+
+
+def load_reward(spec: str) -> RewardFn:
+    """The function that `spec` names: "MODULE:FUNCTION" (importable from the current directory or sys.path) or
+    "PATH.py:FUNCTION"; RewardError naming what is missing. Nothing is called."""
+    module_name, colon, function_name = spec.rpartition(":")
+    if not colon or not module_name or not function_name:
+        raise RewardError(f"--reward {spec}: expected MODULE:FUNCTION or PATH.py:FUNCTION")
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            if not os.path.isfile(module_name):
+                raise RewardError(f"--reward {spec}: no such file {module_name}")
+            name = "spiral_reward_" + hashlib.sha256(os.path.abspath(module_name).encode()).hexdigest()[:16]
+            module = sys.modules.get(name)  # loaded once per process, as an import is (a judge model loads once)
+            if module is None:
+                loader_spec = importlib.util.spec_from_file_location(name, module_name)
+                module = importlib.util.module_from_spec(loader_spec)
+                sys.modules[name] = module  # as an import would: pickling and dataclasses look it up there
+                try:
+                    loader_spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
+        else:
+            if "" not in sys.path and os.getcwd() not in sys.path:  # `python train.py` puts the script's directory
+                sys.path.append(os.getcwd())                        # first; the user's module is where they are
+            module = importlib.import_module(module_name)
+    except RewardError:
+        raise
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):  # the module itself, not something it imports
+            raise RewardError(f"--reward {spec}: no module named {exc.name!r}") from None
+        raise RewardError(f"--reward {spec}: importing {module_name} failed ({_first_line(exc)})") from None
+    except BaseException as exc:  # noqa: BLE001 - the user's module failed while importing: one line says how
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise RewardError(f"--reward {spec}: importing {module_name} failed ({_first_line(exc)})") from None
+    function = getattr(module, function_name, None)
+    if function is None:
+        raise RewardError(f"--reward {spec}: {module_name} has no {function_name}")
+    if not callable(function):
+        raise RewardError(f"--reward {spec}: {function_name} is a {type(function).__name__}, not a function")
+    return function
+
+
+def checked(function: RewardFn, name: str) -> RewardFn:
+    """`function` with every value checked: a finite real number (a bool counts as 0 or 1), returned as a float;
+    anything else, or an exception inside it, is a RewardError naming `name` and the problem."""
+
+    def reward_fn(problem: Problem, completion: str) -> float:
+        try:
+            value = function(problem, completion)
+        except Exception as exc:  # noqa: BLE001 - the user's code: one line names it and the problem
+            raise RewardError(f"the reward {name} raised {_first_line(exc)} on problem {_label(problem)}") from None
+        if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+            raise RewardError(f"the reward {name} returned {value!r} on problem {_label(problem)}; expected a finite "
+                              "number")
+        return float(value)
+
+    reward_fn.__name__ = getattr(function, "__name__", name)
+    return reward_fn
+
+
+def probe(reward_fn: RewardFn, problems: list[Problem], spec: str) -> None:
+    """Call the checked r(x, "") on the first problem: a reward that fails there fails in training (RewardError)."""
+    try:
+        if problems:
+            reward_fn(problems[0], "")
+    except RewardError as exc:
+        raise RewardError(f"--reward {spec}: {exc} (probed before any work with the empty completion, which a model "
+                          "may write)") from None
+
+
+def resolve(spec: str | None, problems: list[Problem]) -> RewardFn | None:
+    """--reward SPEC -> the checked, probed r(x, y); None for the default math task (spiral.py grades then)."""
+    if spec is None:
+        return None
+    reward_fn = checked(load_reward(spec), spec)
+    probe(reward_fn, problems, spec)
+    return reward_fn
+
+
+def trl_reward(function: RewardFn) -> Callable:
+    """A task's r(x, y) in TRL's reward-function signature, f(prompts, completions, **columns) -> list[float]: x is
+    rebuilt from the prompt (a string or one user message) and the row's columns (`answer` is the gold answer)."""
+
+    def reward_fn(prompts, completions, **columns):
+        rows = [{key: value[i] for key, value in columns.items() if isinstance(value, list)}
+                for i in range(len(prompts))]
+        return [function(Problem(text_of(prompt), _str_or_none(row.get("answer")), _str_or_none(row.get("id")),
+                                 {"prompt": prompt, **row}), text_of(completion))
+                for prompt, completion, row in zip(prompts, completions, rows)]
+
+    reward_fn.__name__ = getattr(function, "__name__", "reward")
+    return reward_fn
+
+
+def text_of(value) -> str:
+    """A prompt or completion as text: a string, or the content of a chat-format message list's last message."""
+    return value[-1]["content"] if isinstance(value, list) else value
+
+
+def _str_or_none(value) -> str | None:
+    return None if value is None else str(value)
+
+
+def _label(problem: Problem) -> str:
+    return problem.id if problem.id is not None else repr(problem.problem[:60])
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def trl_rewards(functions: list, weights: list[float], prompt, completion: str, completion_ids: list[int] | None,
+                row: dict, run_async: Callable | None = None, **extra) -> tuple[float, list[float]]:
+    """TRL's reward for one completion, as GRPOTrainer computes it: each function f(prompts=[prompt],
+    completions=[completion], completion_ids=[ids], **columns) returns one value; None means "not this function's"
+    (NaN); the reward is the weighted sum of the others (TRL's nansum). Returns (reward, each function's value).
+
+    A chat-format prompt gets its completion as [{"role": "assistant", "content": ...}], as TRL passes it; `extra`
+    (TRL's trainer_state, log_metric, ...) goes to every function; `run_async` awaits an async function's result.
+    Anything but a finite number or None, a wrong count, an exception, or None from every function: RewardError."""
+    completions = [[{"role": "assistant", "content": completion}] if isinstance(prompt, list) else completion]
+    columns = {key: [value] for key, value in row.items() if key not in ("prompt", "completion", "completion_ids")}
+    values = []
+    for function in functions:
+        name = getattr(function, "__name__", type(function).__name__)
+        try:
+            out = function(prompts=[prompt], completions=completions, completion_ids=[completion_ids], **columns,
+                           **extra)
+            out = run_async(out) if hasattr(out, "__await__") else out
+        except Exception as exc:  # noqa: BLE001 - the user's code: one line names it
+            raise RewardError(f"the reward function {name} raised {_first_line(exc)}") from None
+        if not isinstance(out, (list, tuple)) or len(out) != 1:
+            raise RewardError(f"the reward function {name} returned {out!r} for one completion; expected a list of "
+                              "one reward")
+        value = out[0]
+        if value is not None and (not isinstance(value, numbers.Real) or not math.isfinite(float(value))):
+            raise RewardError(f"the reward function {name} returned {value!r}; expected a finite number or None")
+        values.append(math.nan if value is None else float(value))
+    if all(math.isnan(v) for v in values):
+        raise RewardError(f"every reward function returned None for a completion of the prompt {str(prompt)[:60]!r}; "
+                          "SPIRAL needs a reward for every trace")
+    return sum(w * v for w, v in zip(weights, values) if not math.isnan(v)), values
+
+
+def warn_if_not_binary(rewards, who: str) -> None:
+    """One line on stderr when a task's rewards were not all 0 or 1 (evaluation counts a trace as solved at r = 1)."""
+    other = sorted(set(rewards) - {0.0, 1.0})
+    if other:
+        print(f"warning: {who}: the reward gave values other than 0 and 1 (e.g. {other[0]:g}); pass@k and pass@1 "
+              "count a trace as solved only at 1", file=sys.stderr)
+
+
+if __name__ == "__main__":  # a library (cli imports it, so no cli.library_main): print what it holds
+    print(__doc__)
