@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from reward import answers_equivalent
-from rollout import aggregation_prompt
+from prompts import aggregation_prompt
 
 
 def digest(obj) -> str:
