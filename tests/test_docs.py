@@ -40,6 +40,8 @@ def defined_names(module: str) -> set[str]:
             names.add(node.name)
             if isinstance(node, ast.ClassDef):
                 names |= {f"{node.name}.{n.name}" for n in node.body if isinstance(n, ast.FunctionDef)}
+                names |= {f"{node.name}.{n.target.id}" for n in node.body  # dataclass fields
+                          if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
         elif isinstance(node, ast.Assign):
             names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
         elif isinstance(node, ast.ImportFrom):  # re-exports, e.g. rollout.search_prompt from prompts.py
