@@ -4,8 +4,9 @@ this module, so the three agree.
 
 Rows: verl's RLHFDataset layout (its examples/data_preprocess scripts and prepare_data.py write it):
 
-    prompt (data.prompt_key)  chat messages [{"role": ..., "content": str}, ...] with a user message: the Search Trace
-                              Prompt, sent as it is (verl's single-turn agent loop sends it the same way)
+    prompt (data.prompt_key)  chat messages [{"role": ..., "content": str}, ...] whose last user message has text:
+                              the search prompt (Algorithm 1, line 2), sent as it is, as verl's single-turn agent
+                              loop sends a prompt (prepare_data's rows hold the paper's Search Trace Prompt)
     reward_model.ground_truth handed to r as verl hands it
     data_source               handed to r
     extra_info                optional; extra_info["problem"] (a string) is x in the Aggregation Trace Prompt
