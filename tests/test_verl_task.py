@@ -185,6 +185,15 @@ def test_check_task_reads_both_layouts_and_names_a_bad_row(tmp_path, capsys):
         "data.train_files row 7: no reward_model.ground_truth (the rows the recipe reads: recipe/spiral/verl_task.py)")
 
 
+def test_check_task_names_a_data_file_it_cannot_read(tmp_path):
+    (tmp_path / "rows.csv").write_text("prompt\n")
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    for name, message in [("rows.csv", "is not .parquet, .json or .jsonl"), ("bad.parquet", "cannot read")]:
+        config = composed(f"data.train_files={tmp_path / name}")
+        with pytest.raises(verl_task.TaskError, match=message):
+            main_spiral.check_task(config)
+
+
 def test_check_task_refuses_a_prompt_cap_without_room_for_the_aggregation_prompt(tmp_path, tokenizer):
     budget = verl_task.PromptBudget(set_size=n, response_tokens=8, max_search_tokens=40, max_prompt_length=90)
     template = verl_task.aggregation_template_tokens(tokenizer, budget)

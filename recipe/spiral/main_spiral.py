@@ -142,12 +142,18 @@ def read_rows(config, key: str) -> list[dict] | None:
         return None
     rows = []
     for path in paths:
-        if path.endswith(".parquet"):
-            rows += pq.read_table(path).to_pylist()  # the Python objects verl's datasets.load_dataset gives
-        else:
-            import datasets
+        if not path.endswith((".parquet", ".json", ".jsonl")):  # as RLHFDataset._read_files_and_tokenize refuses
+            raise verl_task.TaskError(f"data.{key}: {path} is not .parquet, .json or .jsonl")
+        try:
+            if path.endswith(".parquet"):
+                rows += pq.read_table(path).to_pylist()  # the Python objects verl's datasets.load_dataset gives
+            else:
+                import datasets
 
-            rows += list(datasets.load_dataset("json", data_files=path)["train"])
+                rows += list(datasets.load_dataset("json", data_files=path)["train"])
+        except Exception as exc:  # noqa: BLE001 - not parquet, bad JSON, unreadable: one line names the file
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise verl_task.TaskError(f"data.{key}: cannot read {path} ({type(exc).__name__}: {first})") from None
     max_samples = config.data.get(f"{key.split('_')[0]}_max_samples", -1)
     if 0 < max_samples < len(rows):
         if config.data.get("shuffle", False):
