@@ -4,7 +4,8 @@ verl's usual row layout (gsm8k's, as verl's examples/data_preprocess writes it) 
 entry point refuses, in one line before Ray starts, a row it cannot read, a reward function that does not load or
 fails, a prompt cap without room for the aggregation prompt, a run verl's loop would end early, and settings verl
 would silently run differently (dynamic sampling, another reward manager, too few Ray CPUs). SpiralDataset keeps the
-rows the entry point counts. tests/test_verl_recipe.py has the agent loop's rows, the TransferQueue and the TaskRunner."""
+rows the entry point counts. tests/test_verl_recipe.py has the agent loop's rows, the TransferQueue and the
+TaskRunner."""
 
 import os
 import subprocess
@@ -145,11 +146,14 @@ def test_a_row_in_verl_s_gsm8k_layout_runs_with_verl_s_own_grader(tokenizer):
     ({"reward_model": {"style": "rule"}}, "reward_model.ground_truth"),
     ({"prompt": "What is 1 + 1?"}, "'prompt' is not chat messages"),
     ({"prompt": [{"role": "system", "content": "hi"}]}, "no user message"),
+    ({"prompt": [{"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "image"}]}]},
+     "no user message with text content (the last one is the problem)"),
     ({"extra_info": {"problem": 7}}, "extra_info.problem is int"),
 ])
 def test_a_row_the_recipe_cannot_read_is_named_by_its_missing_key(change, key):
     assert key in verl_task.layout_problem(gsm8k_row(**change), "prompt")
-    assert verl_task.layout_problem(gsm8k_row(), "prompt") is None and verl_task.layout_problem(prepared_row(), "prompt") is None
+    assert verl_task.layout_problem(gsm8k_row(), "prompt") is None
+    assert verl_task.layout_problem(prepared_row(), "prompt") is None
     no_source = {k: v for k, v in gsm8k_row().items() if k != "data_source"}
     assert verl_task.layout_problem(no_source, "prompt") == "no data_source"
 
