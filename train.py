@@ -17,7 +17,8 @@ Where this departs from the paper (each is a flag):
      rollout/entropy_* (the sampler's entropy) covers every trace of every drawn problem.
 
     python train.py                                  # the paper's setting (needs a GPU)
-    python train.py --algo grpo                      # the GRPO baseline at equal token budget
+    python train.py --algo grpo                      # the GRPO baseline at equal maximum token budget
+    python train.py --search-advantage own           # the ablation: search traces on their own reward (line 13)
     python train.py --separate-aggregator            # the two-model variant (theta != phi)
     python train.py --preset tiny                    # the CPU demo: ~3 minutes on 2 cores, learns visibly
     python train.py --preset tiny --out runs/x --resume
@@ -89,6 +90,9 @@ class TrainConfig:
     target_length: int | None = option(None, "L_target of the appendix's length-aware advantage (default off)")
     unbiased_set_rl: bool = option(False, "divide the search traces' advantages by M of Proposition 3.1 for an "
                                           "unbiased set-RL gradient (paper: off; M is logged either way)")
+    search_advantage: Literal["set", "own"] = option("set", "the search traces' advantage, Algorithm 1 line 13: set "
+                                                     "(SPIRAL: marginal set advantage) or own (the ablation: GRPO's "
+                                                     "advantage on each trace's own reward; aggregation as SPIRAL)")
     temperature: float = option(1.0, "sampling temperature; the loss's log-probs use the same one")
     lr: float = option(2e-5, "AdamW learning rate (paper: 2e-5)")
     lora_rank: int = option(32, "LoRA rank r (paper: 32)")
@@ -143,6 +147,26 @@ def token_budget_per_problem(cfg: TrainConfig) -> int:
     if cfg.algo == "spiral":
         return (cfg.num_search + cfg.num_sets * cfg.num_aggregations) * cfg.max_new_tokens
     return cfg.group_size * cfg.max_new_tokens
+
+
+def budget_line(cfg: TrainConfig) -> str:
+    """The maximum budget per problem written out, e.g. "(8 + 4 x 4) x 16 = 384" (SPIRAL) or "12 x 32 = 384"."""
+    traces = f"({cfg.num_search} + {cfg.num_sets} x {cfg.num_aggregations})" if cfg.algo == "spiral" \
+        else f"{cfg.group_size}"
+    return f"{traces} x {cfg.max_new_tokens} = {token_budget_per_problem(cfg):,}"
+
+
+def generated_tokens_line(rows: list[dict], cfg: TrainConfig) -> str:
+    """Completion tokens actually generated per drawn problem, the mean over the logged steps (search and aggregation
+    apart for SPIRAL), next to the maximum: equal maximum budgets need not mean equal tokens generated."""
+    rows = [r for r in rows if "tokens_per_problem" in r]
+    if not rows:
+        return "no steps logged"
+    mean = lambda key: sum(r.get(key, 0.0) for r in rows) / len(rows)  # noqa: E731
+    parts = (f" (search {mean('tokens_per_problem_search'):.0f}, aggregation "
+             f"{mean('tokens_per_problem_aggregation'):.0f})" if cfg.algo == "spiral" else "")
+    return (f"tokens generated per drawn problem, mean over steps {rows[0]['step']}-{rows[-1]['step']}: "
+            f"{mean('tokens_per_problem'):.0f}{parts}, of at most {budget_line(cfg)}")
 
 
 def gradient_scale_M(cfg: TrainConfig) -> float | None:
@@ -308,7 +332,7 @@ def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng) -
                                  num_sets=cfg.num_sets, num_aggregations=cfg.num_aggregations,
                                  aggregation_adapter=aggregator,
                                  search_advantage_scale=1 / gradient_scale_M(cfg) if cfg.unbiased_set_rl else 1.0,
-                                 **common)
+                                 search_advantage=cfg.search_advantage, **common)
 
 
 def train(cfg: TrainConfig, problems) -> None:
@@ -320,6 +344,8 @@ def train(cfg: TrainConfig, problems) -> None:
         budget = cfg.generation_tokens or rollout.generation_token_budget(model)
         print(f"train.py: {model.dtype}; generate calls hold up to {budget:,} tokens of KV cache "
               f"({rollout.kv_bytes_per_token(model.config, model.dtype):,} bytes per token)")
+    print(f"train.py: at most {budget_line(cfg)} completion tokens per problem (the tokens generated: "
+          "tokens_per_problem in metrics.jsonl)")
     if start >= cfg.steps:
         print(f"train.py: the run in {cfg.out} is already at step {start} = --steps; pass a larger --steps to continue")
     bar, watch = figures.StepBar(cfg.algo, cfg.steps, start), cli.StepWatch()  # in a step: its stage, problems drawn
@@ -351,8 +377,9 @@ def train(cfg: TrainConfig, problems) -> None:
     bar.close()
     if cfg.plot and figures.plot_training(metrics_path, os.path.join(cfg.out, "metrics.png")):
         print(f"train.py: wrote {os.path.join(cfg.out, 'metrics.png')}")
-    print(f"train.py: done; adapter in {os.path.join(cfg.out, 'adapter')}\n"
-          + figures.first_last_table(checkpoint.read_metrics(metrics_path)))
+    rows = checkpoint.read_metrics(metrics_path)
+    print(f"train.py: done; adapter in {os.path.join(cfg.out, 'adapter')}\n" + figures.first_last_table(rows)
+          + "\n" + generated_tokens_line(rows, cfg))
 
 
 def enable_gradient_checkpointing(model) -> None:

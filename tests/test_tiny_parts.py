@@ -119,17 +119,25 @@ def test_warm_start_set_knows_more_than_a_trace(one_thread):
     assert m["aggregation"] > m["single"] + 0.15  # the aggregator combines parts
 
 
-@pytest.mark.parametrize("algo", ["spiral", "grpo"])
-def test_preset_trains_a_few_steps(algo, tmp_path, one_thread):
+@pytest.mark.parametrize("algo, arm", [("spiral", "set"), ("grpo", "set"), ("spiral", "own")])
+def test_preset_trains_a_few_steps(algo, arm, tmp_path, one_thread, capsys):
     cfg = train.resolve_config({"preset": "tiny_parts", "algo": algo})
     assert cfg.model == tiny_parts.WARM_START_DIR and cfg.data == tiny_parts.PROBLEMS_FILE
     assert train.token_budget_per_problem(cfg) == 384  # equal budget: (8 + 16) x 16 = 12 x 32
     out = tmp_path / algo
     assert train.main(["--preset", "tiny_parts", "--algo", algo, "--steps", "2", "--batch-problems", "2",
-                       "--out", str(out), "--no-plot"]) == 0
+                       "--out", str(out), "--no-plot", *(["--search-advantage", arm] if arm == "own" else [])]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and (out / "adapter" / "adapter_model.safetensors").is_file()
     assert rows[0]["token_budget_per_problem"] == 384
+    assert json.loads((out / "config.json").read_text())["search_advantage"] == arm
+    printed = capsys.readouterr().out
+    assert "at most " + ("(8 + 4 x 4) x 16" if algo == "spiral" else "12 x 32") + " = 384 completion tokens" in printed
+    mean = sum(r["tokens_per_problem"] for r in rows) / 2
+    assert f"tokens generated per drawn problem, mean over steps 1-2: {mean:.0f}" in printed
+    if algo == "spiral":  # search and aggregation apart, and they add up
+        assert all(r["tokens_per_problem_search"] + r["tokens_per_problem_aggregation"] == pytest.approx(
+            r["tokens_per_problem"]) and r["tokens_per_problem_search"] > 0 for r in rows)
 
 
 def test_benchmark_table_reports_mean_spread_and_range_over_seeds():
