@@ -67,8 +67,9 @@ def option(default, help: str):
 class TrainConfig:
     """Defaults are the paper's appendix table (the `paper` preset) unless a help text says otherwise."""
 
-    preset: Literal["paper", "tiny", "tiny_parts"] = option("paper", "paper: the appendix's table (needs a GPU); tiny: "
-                                                            "the CPU demo; tiny_parts: the CPU task of tiny_parts.py")
+    preset: Literal["paper", "tiny", "tiny_parts", "tiny_parts6"] = option(
+        "paper", "paper: the appendix's table (needs a GPU); tiny: the CPU demo; tiny_parts: the CPU task of "
+                 "tiny_parts.py; tiny_parts6: its 6-digit variant, where one trace is almost never right")
     algo: Literal["spiral", "grpo"] = option("spiral", "spiral (Algorithm 1) or grpo (the baseline, equal budget)")
     model: str = option(rollout.DEFAULT_MODEL, "base model: a Hugging Face id, a local directory, or 'tiny'")
     data: str = option("math_train", "training problems: bundled set, JSONL file or Hub id (paper: POLARIS-53K)")
@@ -138,6 +139,13 @@ PRESETS: dict[str, dict] = {
         "steps": 30, "save_every": 10, "lr": 2e-3, "micro_batch_tokens": 8192, "gradient_checkpointing": False,
         "max_draws": 16,  # 2 |B|: once most problems are solved, 4 |B| draws per step doubled the CPU time
         "max_new_tokens": {"spiral": 16, "grpo": 32},  # a trace is 14 tokens; 12 x 32 = (8 + 4 x 4) x 16
+    },
+    # Its 6-digit variant (tiny_parts.TASKS["tiny_parts6"]), the tiny_parts settings otherwise but for 40 steps.
+    "tiny_parts6": {
+        "model": tiny_parts.TASKS["tiny_parts6"].warm_start_dir, "data": tiny_parts.TASKS["tiny_parts6"].problems_file,
+        "device": "cpu", "cpu_threads": 1, "steps": 40, "save_every": 10, "lr": 2e-3, "micro_batch_tokens": 8192,
+        "gradient_checkpointing": False, "max_draws": 16,
+        "max_new_tokens": {"spiral": 28, "grpo": 56},  # a trace is 23 tokens; 12 x 56 = (8 + 4 x 4) x 28 = 672
     },
 }
 
