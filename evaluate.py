@@ -10,7 +10,9 @@ the methods of testtime.py; figures.plot_evaluation overlays the policies in one
     sequential  pass@1 vs max_new_tokens              figure "Comparison of models under scaling sequential compute"
 
 Every curve records the maximum token budget per problem (traces x max_new_tokens, the x-axis of "Comparison of
-inference compute scaling ... against token usage") and the tokens actually generated.
+inference compute scaling ... against token usage") and the tokens actually generated, by search traces and by
+aggregation traces apart. Set-level measures (testtime.py note 4) tell what sets of candidates held from what the
+aggregator made of them: the sets RSA step t drew over step t-1, measured without generating anything more.
 
 Choices where the paper is silent, or where this code departs from it (more in testtime.py):
  1. One pool of search traces per (problem, trace length L): pass@k, RSA step 1 and sequential at L =
@@ -26,23 +28,53 @@ Choices where the paper is silent, or where this code departs from it (more in t
     from trace 0 with the first run's seed (its traces come back the same). A trace depends on which problems share its
     call (--limit, --tokens-per-call, --micro-batch-size): every variant is a valid i.i.d. draw.
 
+The result JSON (--out), what a consumer may rely on. Every curve is a dict of equal-length lists over its x;
+tokens are generated tokens (EOS included) per problem, means over problems, cumulative over RSA steps; budget is
+the maximum (traces x max_new_tokens); null where nothing qualified:
+    written_by, config (flags after presets), versions, policies: {LABEL: {policy, grader, summary, problems}}
+    summary.passk         k, pass_at_k, budget, tokens, search_tokens, aggregation_tokens (zeros), max_new_tokens
+    summary.majority      k, accuracy, ties, votes, budget, tokens, search_tokens, aggregation_tokens, max_new_tokens
+    summary.sequential    max_new_tokens, pass_at_1, truncated, budget, tokens, search_tokens, aggregation_tokens
+    summary.rsa[i]        population, set_size, max_new_tokens, step (1..T), pass_at_1, budget, tokens =
+                          search_tokens (step 1's P traces) + aggregation_tokens (steps 2..t)
+    summary.sets.search   k, max_new_tokens, coverage (k-subsets of the pool holding a right trace: pass@k),
+                          distinct_answers (per k-subset; testtime.expected_distinct_answers)      [with passk]
+    summary.sets.rsa[i]   population, set_size, step (2..T); per step, testtime.set_measures of step t's P sets of
+                          the problems, each over step t-1's population: sets, coverage, distinct_answers,
+                          sets_by_correct[c], hits_by_correct[c], accuracy_by_correct[c] (c = 0..set_size right
+                          candidates), recovery (c = 0), minority (0 < 2c < set_size), against_plurality (and
+                          against_plurality_sets: sets with a right candidate whose most frequent answer is wrong),
+                          no_regression (c = set_size)                                              [with rsa]
+    problems[j]           per problem: pools, pass_at_k, majority, sequential, rsa {P: steps}, sets {search, rsa}
+    cross[i]              one per --cross pair, in command order ([] without): search and aggregator (the labels),
+                          grader, summary {rsa, sets: {rsa}} as a policy's, problems[j] {id, rsa, sets: {rsa}}
+
+Cross-aggregation (--cross A=B, --cross-all): RSA whose step 1 is policy A's search traces (the pool A's own RSA
+reads) and whose steps >= 2 are policy B's aggregation traces, so a table of search policy x aggregator policy
+says which half made a gain. Step 2 aggregates the very sets A's own RSA drew; B's traces are cached under keys
+naming A as well; a pair (A, A) is A's own RSA, read from the cache (nothing is generated for it).
+
 Run:
     python evaluate.py --preset tiny                                                  # seconds on a CPU
     python evaluate.py --preset tiny --policy base=data/tiny_warmstart \\
         --policy grpo=runs/tiny-grpo/adapter --policy spiral=runs/tiny-spiral/adapter  # the README's comparison
     python evaluate.py --policy base=Qwen/Qwen3-4B-Instruct-2507 --policy spiral=runs/paper-spiral/adapter
+    python evaluate.py --preset tiny --policy base=data/tiny_warmstart --policy spiral=runs/tiny-spiral/adapter \\
+        --cross-all                                   # + every search policy x aggregator policy pair
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import copy
+import functools
 import hashlib
 import json
+import operator
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +91,9 @@ import tiny_parts
 from checkpoint import quiet_libraries, versions
 from lora import ADAPTER_CONFIG, load_adapter, lora_parameters, read_adapter_config, use_adapter
 from reward import extract_answer, reward
-from testtime import derive_seed, digest, majority_at_k, pass_at_k, recursive_self_aggregation
+from testtime import (SetCounts, cluster_answers, count_sets, derive_seed, expected_distinct_answers, majority_at_k,
+                      pass_at_k, recursive_self_aggregation, set_measures)
+from tracecache import Sampler, Trace, TraceCache, plan_calls  # noqa: F401  (plan_calls: evaluate.plan_calls)
 
 METHODS = ("passk", "majority", "rsa", "sequential")
 
@@ -101,152 +135,7 @@ class PolicyDiverged(Exception):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 1. Generation: an on-disk cache, and a sampler that batches every problem of a stage
-
-
-@dataclass
-class Trace:
-    """What evaluation keeps of a rollout.Completion."""
-
-    text: str
-    num_tokens: int  # completion tokens generated, including the EOS
-    prompt_tokens: int
-    truncated: bool
-
-
-class TraceCache:
-    """Generations on disk: one JSON file per key, a list of traces that only ever grows.
-
-    A key holds everything that determines its traces (policy, seed, temperature, dtype, stage, prompt hash,
-    max_new_tokens). An unreadable file is named in a warning and its traces are generated again.
-    """
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-        self.generated = 0  # traces generated through this object
-        self.reused = 0  # traces read from disk
-        self.corrupted: set[Path] = set()  # files found unreadable: their traces are drawn again as first drawn
-
-    def path(self, key: dict) -> Path:
-        return self.root / f"{digest(key)[:32]}.json"
-
-    def read(self, key: dict) -> list[Trace]:
-        path = self.path(key)
-        if not path.exists():
-            return []
-        try:
-            stored = json.loads(path.read_text())
-            if stored["key"] != key:
-                raise ValueError("it holds another key")
-            return [Trace(**t) for t in stored["traces"]]
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-            print(f"warning: corrupted cache file {path} ({type(e).__name__}: {str(e)[:80]}); generating its traces "
-                  "again", file=sys.stderr)
-            self.corrupted.add(path)
-            return []
-
-    def write(self, key: dict, traces: list[Trace]) -> None:
-        path, tmp = self.path(key), self.path(key).with_suffix(f".tmp{os.getpid()}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"key": key, "traces": [asdict(t) for t in traces]}))
-        os.replace(tmp, path)  # write-then-rename: an interrupted run never leaves a torn file
-
-
-def plan_calls(sizes: list[int], per_call: int) -> list[list[int]]:
-    """Consecutive job indices packed into calls of at most `per_call` traces (a bigger job gets a call alone)."""
-    calls, current, used = [], [], 0
-    for j, size in enumerate(sizes):
-        if current and used + size > per_call:
-            calls.append(current)
-            current, used = [], 0
-        current.append(j)
-        used += size
-    return calls + [current] if current else calls
-
-
-class Sampler:
-    """Samples one policy's traces for many problems at once, through the cache (note 4)."""
-
-    def __init__(self, model, tokenizer, cache: TraceCache, identity: dict, *, tokens_per_call: int,
-                 micro_batch_size: int | None = None, search_adapter=None, aggregation_adapter=None, label=""):
-        self.model, self.tokenizer, self.cache, self.identity = model, tokenizer, cache, identity
-        self.label = f"{label}: " if label else ""  # named in the progress lines
-        self.tokens_per_call, self.micro_batch_size = tokens_per_call, micro_batch_size
-        self.search_adapter = search_adapter or contextlib.nullcontext  # which LoRA adapter is active (None: base)
-        self.aggregation_adapter = aggregation_adapter or self.search_adapter  # two-model variant: phi != theta
-        self.calls = 0  # rollout.generate calls made
-
-    def _fill(self, jobs: list[tuple[dict, list[str]]], max_new_tokens: int, desc: str) -> list[list[Trace]]:
-        """Each job's traces; job = (cache key, the prompt of each trace). The missing ones are generated."""
-        unique = {digest(key): (key, prompts) for key, prompts in jobs}  # a repeated problem is one job
-        digests, keys, wanted = list(unique), [k for k, _ in unique.values()], [p for _, p in unique.values()]
-        # Seeds come from the key without the model's name: a local model's absolute path would make the samples
-        # depend on where the checkout lives (the same command gave other results in another directory).
-        seeds = [digest({k: v for k, v in key.items() if k != "model"}) for key in keys]
-        traces = [self.cache.read(key) for key in keys]
-        self.cache.reused += sum(min(len(t), len(p)) for t, p in zip(traces, wanted))
-        missing = sum(max(0, len(p) - len(t)) for t, p in zip(traces, wanted))
-        # Calls are planned on the whole request, cached or not: a resumed run repeats a cold run's calls exactly.
-        calls = plan_calls([len(p) for p in wanted], max(1, self.tokens_per_call // max_new_tokens))
-        with contextlib.nullcontext() if not missing else figures.Progress(missing, f"{self.label}{desc}",
-                                                                           "traces") as bar:
-            for call in calls:
-                todo = [j for j in call if len(traces[j]) < len(wanted[j])]
-                # A job whose cache file was corrupted is drawn again as a cold run drew it: the whole call from
-                # trace 0, same prompts, same seed (the seed and the batch come from the call's content, never from
-                # what the cache held); the other jobs' fresh traces are dropped, their cached ones kept.
-                redo = any(self.cache.path(keys[j]) in self.cache.corrupted for j in todo)
-                start = {j: 0 if redo else len(traces[j]) for j in (call if redo else todo)}
-                runs = []  # (job, prompt, copies)
-                for j in start:
-                    rest = wanted[j][start[j]:]
-                    if len(set(rest)) == 1:  # a search pool: copies of one prompt share one prefill in generate
-                        runs.append((j, rest[0], len(rest)))
-                    else:
-                        runs += [(j, prompt, 1) for prompt in rest]
-                new = [[] for _ in runs]  # each run's traces
-                for copies in sorted({c for _, _, c in runs}):
-                    group = [i for i, (_, _, c) in enumerate(runs) if c == copies]
-                    torch.manual_seed(derive_seed([(seeds[j], start[j]) for j in start], copies))
-                    completions = rollout.generate(
-                        self.model, self.tokenizer, [runs[i][1] for i in group], samples_per_prompt=copies,
-                        max_new_tokens=max_new_tokens, temperature=self.identity["temperature"],
-                        micro_batch_size=self.micro_batch_size)
-                    self.calls += 1
-                    for i, row in zip(group, completions):
-                        new[i] = [Trace(c.text, len(c.completion_ids), len(c.prompt_ids), c.truncated) for c in row]
-                fresh = {j: [] for j in start}
-                for (j, _, _), traces_of_run in zip(runs, new):  # in the job's own trace order
-                    fresh[j] += traces_of_run
-                for j in todo:
-                    fresh[j] = fresh[j][len(traces[j]) - start[j]:]
-                    traces[j] = traces[j] + fresh[j]
-                    self.cache.write(keys[j], traces[j])
-                    self.cache.generated += len(fresh[j])
-                    bar.update(len(fresh[j]))
-        result = {d: t[: len(p)] for d, t, p in zip(digests, traces, wanted)}
-        return [result[digest(key)] for key, _ in jobs]
-
-    def search(self, problems: list[str], count: int, max_new_tokens: int) -> list[list[Trace]]:
-        """Traces 0..count-1 of the Search Trace Prompt for each problem: the pool at this L (note 1)."""
-        jobs = []
-        for problem in problems:
-            prompt = rollout.search_prompt(problem)
-            key = {**self.identity, "stage": "search", "prompt": digest(prompt), "max_new_tokens": max_new_tokens}
-            jobs.append((key, [prompt] * count))
-        with self.search_adapter():
-            return self._fill(jobs, max_new_tokens, f"search L={max_new_tokens}")
-
-    def aggregate(self, step: int, prompts_R: list[list[str]], max_new_tokens: int) -> list[list[Trace]]:
-        """One trace per Aggregation Trace Prompt, for every RSA run of one step; the key hashes the prompts."""
-        jobs = [({**self.identity, "stage": f"rsa-step{step}", "prompts": digest(prompts),
-                  "max_new_tokens": max_new_tokens}, prompts) for prompts in prompts_R]
-        with self.aggregation_adapter():
-            return self._fill(jobs, max_new_tokens, f"RSA step {step}")
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 2. One policy: every method, stage by stage over all problems
+# 1. One policy: every method, stage by stage over all problems
 
 
 def _graded(traces: list[Trace], gold: str) -> list[dict]:
@@ -267,7 +156,7 @@ def pool_sizes(cfg) -> dict[int, int]:
 
 
 def evaluate_policy(problems, sampler: Sampler, cfg) -> list[dict]:
-    """Raw per-problem results of every method in cfg.methods (token counts included)."""
+    """Raw per-problem results of every method in cfg.methods (token counts and set-level counts included)."""
     texts, n = [p.problem for p in problems], cfg.num_samples
     pools = {length: sampler.search(texts, count, length) for length, count in pool_sizes(cfg).items()}
     records = []
@@ -275,8 +164,12 @@ def evaluate_policy(problems, sampler: Sampler, cfg) -> list[dict]:
         graded = {length: _graded(pool[i], problem.answer) for length, pool in pools.items()}
         record = {"id": problem.id, "problem": problem.problem, "answer": problem.answer, "pools": graded}
         if "passk" in cfg.methods:
-            correct = sum(s["correct"] for s in graded[cfg.max_new_tokens][:n])
+            samples = graded[cfg.max_new_tokens][:n]
+            correct = sum(s["correct"] for s in samples)
             record["pass_at_k"] = {k: pass_at_k(n, correct, k) for k in cfg.k_list}
+            groups = cluster_answers([s["answer"] for s in samples])  # coverage@k of the pool is pass@k
+            record["sets"] = {"search": {"distinct_answers": {k: expected_distinct_answers(groups, k)
+                                                              for k in cfg.k_list}}}
         if "majority" in cfg.methods:
             samples = graded[cfg.majority_max_new_tokens][:n]
             rng = np.random.default_rng(derive_seed("majority", cfg.seed, problem.problem))
@@ -288,63 +181,127 @@ def evaluate_policy(problems, sampler: Sampler, cfg) -> list[dict]:
                                     for L in cfg.max_tokens_list}
         records.append(record)
     if "rsa" in cfg.methods:
-        runs = [(text, P) for P in cfg.rsa_populations for text in texts]  # every P and problem in one stage
-        histories = recursive_self_aggregation(
-            runs, set_size=cfg.rsa_set_size, steps=cfg.rsa_steps, seed=cfg.seed,
-            search=lambda r: pools[cfg.max_new_tokens][r % len(texts)][: runs[r][1]],
-            aggregate=lambda t, prompts_R: sampler.aggregate(t, prompts_R, cfg.max_new_tokens))
-        for r, history in enumerate(histories):
-            record = records[r % len(texts)]
-            steps = []
-            for step in history:
-                graded = _graded(step.traces, record["answer"])
-                steps.append({"step": step.step, "sets": step.sets_P_k,
-                              "pass_at_1": float(np.mean([g["correct"] for g in graded])),
-                              "tokens": sum(g["tokens"] for g in graded),
-                              "prompt_tokens": sum(t.prompt_tokens for t in step.traces), "samples": graded})
-            record.setdefault("rsa", {})[runs[r][1]] = steps
+        aggregate = lambda t, prompts_R: sampler.aggregate(t, prompts_R, cfg.max_new_tokens)  # noqa: E731
+        for record, (rsa, sets) in zip(records, run_rsa(problems, pools[cfg.max_new_tokens], aggregate, cfg)):
+            record["rsa"] = rsa
+            record.setdefault("sets", {})["rsa"] = sets
     return records
 
 
+def run_rsa(problems, pool: list[list[Trace]], aggregate, cfg) -> list[tuple[dict, dict]]:
+    """RSA at every population P of cfg, all problems in lockstep: step 1 is the first P traces of pool[i] (problem
+    i's search traces), steps >= 2 come from aggregate(t, prompts_R). Per problem: ({P: graded steps 1..T},
+    {P: SetCounts of steps 2..T, each over the sets of step t and the population of step t-1, as dicts})."""
+    texts = [p.problem for p in problems]
+    runs = [(text, P) for P in cfg.rsa_populations for text in texts]  # every P and problem in one stage
+    histories = recursive_self_aggregation(runs, set_size=cfg.rsa_set_size, steps=cfg.rsa_steps, seed=cfg.seed,
+                                           search=lambda r: pool[r % len(texts)][: runs[r][1]], aggregate=aggregate)
+    results = [({}, {}) for _ in problems]
+    for r, history in enumerate(histories):
+        steps, gold = [], problems[r % len(texts)].answer
+        for step in history:
+            graded = _graded(step.traces, gold)
+            steps.append({"step": step.step, "sets": step.sets_P_k,
+                          "pass_at_1": float(np.mean([g["correct"] for g in graded])),
+                          "tokens": sum(g["tokens"] for g in graded),
+                          "prompt_tokens": sum(t.prompt_tokens for t in step.traces), "samples": graded})
+        counts = [asdict(count_sets([s["correct"] for s in before["samples"]],
+                                    cluster_answers([s["answer"] for s in before["samples"]]),
+                                    after["sets"], [s["correct"] for s in after["samples"]]))
+                  for before, after in zip(steps, steps[1:])]
+        results[r % len(texts)][0][runs[r][1]], results[r % len(texts)][1][runs[r][1]] = steps, counts
+    return results
+
+
+def cross_aggregate(problems, searcher: Sampler, aggregator: Sampler, cfg) -> list[dict]:
+    """Cross-aggregation: RSA whose step 1 is the searcher's search traces (its pool, as its own RSA reads it) and
+    whose steps >= 2 are the aggregator's (Algorithm 1's two halves from two policies, A = searcher, B =
+    aggregator). Step 2 draws the sets A's own RSA draws, so B aggregates the very sets A aggregated; B's traces are
+    cached under keys naming A too (tracecache.Sampler.aggregate). A pair (A, A) is A's own RSA, read from the cache.
+    Per problem: {id, rsa: {P: graded steps 1..T}, sets: {rsa: {P: SetCounts of steps 2..T}}}."""
+    pool = searcher.search([p.problem for p in problems], max(cfg.rsa_populations), cfg.max_new_tokens)
+    aggregate = lambda t, prompts_R: aggregator.aggregate(  # noqa: E731
+        t, prompts_R, cfg.max_new_tokens, search_identity=searcher.identity)
+    return [{"id": p.id, "rsa": rsa, "sets": {"rsa": sets}}
+            for p, (rsa, sets) in zip(problems, run_rsa(problems, pool, aggregate, cfg))]
+
+
+def _mean(values) -> float:
+    return float(np.mean(list(values)))
+
+
 def summarize(records: list[dict], cfg) -> dict:
-    """Means over problems. tokens: generated per problem; budget: traces x max_new_tokens per problem."""
-    mean = lambda xs: float(np.mean(list(xs)))  # noqa: E731
+    """Means over problems. tokens: generated per problem (search_tokens + aggregation_tokens); budget: traces x
+    max_new_tokens per problem; sets: the set-level measures (module docstring, "The result JSON")."""
     n, summary = cfg.num_samples, {}
 
     def per_trace(length):  # mean tokens of one trace of the pool at this length
-        return mean(s["tokens"] for r in records for s in r["pools"][length][:n])
+        return _mean(s["tokens"] for r in records for s in r["pools"][length][:n])
 
     if "passk" in cfg.methods:
         L = cfg.max_new_tokens
         summary["passk"] = {"k": cfg.k_list,
-                            "pass_at_k": [mean(r["pass_at_k"][k] for r in records) for k in cfg.k_list],
+                            "pass_at_k": [_mean(r["pass_at_k"][k] for r in records) for k in cfg.k_list],
                             "tokens": [k * per_trace(L) for k in cfg.k_list], "budget": [k * L for k in cfg.k_list],
                             "max_new_tokens": L}
     if "majority" in cfg.methods:
         L, ks = cfg.majority_max_new_tokens, cfg.k_list
         summary["majority"] = {
-            "k": ks, "accuracy": [mean(r["majority"][k]["accuracy"] for r in records) for k in ks],
+            "k": ks, "accuracy": [_mean(r["majority"][k]["accuracy"] for r in records) for k in ks],
             "ties": [sum(r["majority"][k]["ties"] for r in records) for k in ks],
             "votes": [sum(r["majority"][k]["votes"] for r in records) for k in ks],
             "tokens": [k * per_trace(L) for k in ks], "budget": [k * L for k in ks], "max_new_tokens": L}
     if "rsa" in cfg.methods:
-        steps = list(range(1, cfg.rsa_steps + 1))
-        summary["rsa"] = [{
-            "population": P, "set_size": cfg.rsa_set_size, "step": steps, "max_new_tokens": cfg.max_new_tokens,
-            "pass_at_1": [mean(r["rsa"][P][t - 1]["pass_at_1"] for r in records) for t in steps],
-            "tokens": [mean(sum(s["tokens"] for s in r["rsa"][P][:t]) for r in records) for t in steps],  # cumulative
-            "budget": [P * t * cfg.max_new_tokens for t in steps]} for P in cfg.rsa_populations]
+        summary["rsa"] = rsa_curves(records, cfg)
     if "sequential" in cfg.methods:
         Ls = cfg.max_tokens_list
         summary["sequential"] = {
-            "max_new_tokens": Ls, "pass_at_1": [mean(r["sequential"][L]["pass_at_1"] for r in records) for L in Ls],
+            "max_new_tokens": Ls, "pass_at_1": [_mean(r["sequential"][L]["pass_at_1"] for r in records) for L in Ls],
             "tokens": [per_trace(L) for L in Ls],
-            "truncated": [mean(r["sequential"][L]["truncated"] / n for r in records) for L in Ls], "budget": Ls}
+            "truncated": [_mean(r["sequential"][L]["truncated"] / n for r in records) for L in Ls], "budget": Ls}
+    for curve in (summary.get(m) for m in ("passk", "majority", "sequential")):
+        if curve:  # every trace of these is a search trace
+            curve.update(search_tokens=list(curve["tokens"]), aggregation_tokens=[0.0] * len(curve["tokens"]))
+    if "passk" in cfg.methods or "rsa" in cfg.methods:
+        summary["sets"] = {}
+    if "passk" in cfg.methods:
+        distinct = [_mean(r["sets"]["search"]["distinct_answers"][k] for r in records) for k in cfg.k_list]
+        summary["sets"]["search"] = {"k": cfg.k_list, "max_new_tokens": cfg.max_new_tokens,
+                                     "coverage": list(summary["passk"]["pass_at_k"]), "distinct_answers": distinct}
+    if "rsa" in cfg.methods:
+        summary["sets"]["rsa"] = rsa_set_measures(records, cfg)
     return summary
 
 
+def rsa_curves(records: list[dict], cfg) -> list[dict]:
+    """One curve per population P: pass@1 after each step, and the tokens generated through it (cumulative)."""
+    steps = list(range(1, cfg.rsa_steps + 1))
+    return [{"population": P, "set_size": cfg.rsa_set_size, "step": steps, "max_new_tokens": cfg.max_new_tokens,
+             "pass_at_1": [_mean(r["rsa"][P][t - 1]["pass_at_1"] for r in records) for t in steps],
+             "tokens": [_mean(sum(s["tokens"] for s in r["rsa"][P][:t]) for r in records) for t in steps],
+             "budget": [P * t * cfg.max_new_tokens for t in steps],
+             "search_tokens": [_mean(r["rsa"][P][0]["tokens"] for r in records)] * len(steps),  # step 1
+             "aggregation_tokens": [_mean(sum(s["tokens"] for s in r["rsa"][P][1:t]) for r in records)
+                                    for t in steps]}
+            for P in cfg.rsa_populations]
+
+
+def rsa_set_measures(records: list[dict], cfg) -> list[dict]:
+    """Per population P: testtime.set_measures of each step t >= 2 (its sets over step t-1), over all problems;
+    each field a list over the steps."""
+    curves = []
+    for P in cfg.rsa_populations:
+        per_step = [set_measures(functools.reduce(operator.add, (SetCounts(**r["sets"]["rsa"][P][t - 2])
+                                                                 for r in records)))
+                    for t in range(2, cfg.rsa_steps + 1)]
+        fields = set_measures(SetCounts([0] * (cfg.rsa_set_size + 1), [0] * (cfg.rsa_set_size + 1), 0, 0, 0))
+        curves.append({"population": P, "set_size": cfg.rsa_set_size, "step": list(range(2, cfg.rsa_steps + 1)),
+                       **{f: [m[f] for m in per_step] for f in fields}})
+    return curves
+
+
 # ----------------------------------------------------------------------------------------------------------------------
-# 3. Command line
+# 2. Command line
 
 
 def _ints(text: str) -> list[int]:
@@ -392,6 +349,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="drop problems whose search prompt is longer, with a line saying so (train.py: 1024)")
     p.add_argument("--micro-batch-size", type=int,
                    help="sequences per model.generate (default: rollout.generate picks by token count)")
+    p.add_argument("--cross", action="append", metavar="SEARCH=AGGREGATOR",
+                   help="cross-aggregation (repeatable): RSA over policy SEARCH's search traces with policy "
+                        "AGGREGATOR's aggregation traces (steps >= 2), two --policy labels")
+    p.add_argument("--cross-all", nargs="?", const="", metavar="LABEL,LABEL,...",
+                   help="--cross for every ordered pair of these policies, each with itself included (its own RSA); "
+                        "no value: of every policy")
     cfg = p.parse_args(argv)
 
     explicit = {k for k, v in vars(cfg).items() if v is not None}
@@ -402,11 +365,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     cfg.model_explicit = "model" in explicit
     cfg.methods = list(METHODS) if cfg.method == "all" else [cfg.method]
     cli.validate_evaluation(cfg)
+    cfg.cross_pairs = _cross_pairs(cfg)
     return cfg
 
 
+def _cross_pairs(cfg) -> list[list[str]]:
+    """[[search label, aggregator label]] of --cross and --cross-all, in command order, each pair once."""
+    labels = [p["label"] for p in cfg.policies]
+    pairs = []
+    for spec in cfg.cross or []:
+        search, sep, aggregator = spec.partition("=")
+        if not (sep and search and aggregator):
+            raise UsageError(f"--cross {spec}: expected SEARCH=AGGREGATOR, two --policy labels")
+        pairs.append((f"--cross {spec}", [search, aggregator]))
+    if cfg.cross_all is not None:
+        chosen = cfg.cross_all.split(",") if cfg.cross_all else labels
+        pairs += [(f"--cross-all {cfg.cross_all}", [a, b]) for a in chosen for b in chosen]
+    for flag, pair in pairs:
+        for label in pair:
+            if label not in labels:
+                raise UsageError(f"{flag}: no policy is labelled {label!r} (the policies: {', '.join(labels)})")
+    if pairs and cfg.rsa_steps < 2:
+        raise UsageError(f"{pairs[0][0]}: cross-aggregation needs --rsa-steps of at least 2 (got {cfg.rsa_steps})")
+    if pairs and min(cfg.rsa_populations) < cfg.rsa_set_size:
+        raise UsageError(f"{pairs[0][0]}: RSA population P={min(cfg.rsa_populations)} is smaller than the set size "
+                         f"k={cfg.rsa_set_size}")
+    return [list(pair) for pair in dict.fromkeys(tuple(pair) for _, pair in pairs)]
+
+
 # ----------------------------------------------------------------------------------------------------------------------
-# 4. Policies and main
+# 3. Policies and main
 
 
 def policy_identity(policy: dict, cfg, dtype, engine: str = "hf") -> dict:
@@ -477,6 +465,23 @@ def load_policies(cfg) -> dict[str, dict]:
     return loaded
 
 
+def _graded_run(who: str, work):
+    """work()'s records and the grader's statistics while it ran; sampling that met inf/nan is PolicyDiverged."""
+    before = grader.grader_stats()
+    try:
+        records = work()
+    except RuntimeError as e:  # torch.multinomial on inf/nan probabilities: NaN weights, a huge lora_alpha
+        if not re.search(r"\binf\b|\bnan\b", str(e)):
+            raise
+        raise PolicyDiverged(f"{who}: sampling met non-finite probabilities (the model's logits overflow: a "
+                             "diverged adapter, or a lora_alpha too large for its weights)") from None
+    stats = {k: v - before[k] for k, v in grader.grader_stats().items()}
+    if stats["ungraded"]:
+        print(f"warning: {who}: {stats['ungraded']} answers scored 0 without a verdict ({stats['timeouts']} grader "
+              "timeouts)", file=sys.stderr)
+    return records, stats
+
+
 def run(cfg) -> int:
     """Evaluate every policy on the same problems; write the JSON (atomically), print the tables, draw the PNG."""
     try:
@@ -497,38 +502,39 @@ def run(cfg) -> int:
                                              for pol in policies.values()):
         print("warning: no GPU; a full-size model will be very slow on a CPU (--preset tiny runs in seconds)",
               file=sys.stderr)
-    cache, results = TraceCache(cfg.cache_dir), {}
+    cache, results, samplers = TraceCache(cfg.cache_dir), {}, {}
     for label, pol in policies.items():
-        sampler = Sampler(pol["model"], pol["tokenizer"], cache, pol["identity"], tokens_per_call=cfg.tokens_per_call,
-                          micro_batch_size=cfg.micro_batch_size, search_adapter=pol["search_adapter"],
-                          aggregation_adapter=pol["aggregation_adapter"],
-                          label=f"policy {label} ({len(results) + 1} of {len(policies)})")
-        before = grader.grader_stats()
-        try:
-            records = evaluate_policy(problems, sampler, cfg)
-        except RuntimeError as e:  # torch.multinomial on inf/nan probabilities: NaN weights, a huge lora_alpha
-            if not re.search(r"\binf\b|\bnan\b", str(e)):
-                raise
-            raise PolicyDiverged(f"policy {label}: sampling met non-finite probabilities (the model's logits "
-                                 "overflow: a diverged adapter, or a lora_alpha too large for its weights)") from None
-        stats = {k: v - before[k] for k, v in grader.grader_stats().items()}
-        if stats["ungraded"]:
-            print(f"warning: policy {label}: {stats['ungraded']} answers scored 0 without a verdict "
-                  f"({stats['timeouts']} grader timeouts)", file=sys.stderr)
+        samplers[label] = Sampler(pol["model"], pol["tokenizer"], cache, pol["identity"],
+                                  tokens_per_call=cfg.tokens_per_call, micro_batch_size=cfg.micro_batch_size,
+                                  search_adapter=pol["search_adapter"], aggregation_adapter=pol["aggregation_adapter"],
+                                  label=f"policy {label} ({len(samplers) + 1} of {len(policies)})")
+        records, stats = _graded_run(f"policy {label}", lambda: evaluate_policy(problems, samplers[label], cfg))
         results[label] = {"policy": pol["identity"], "summary": summarize(records, cfg), "grader": stats,
                           "problems": records}
+    cross = []
+    for i, (search, aggregator) in enumerate(cfg.cross_pairs):
+        sampler = copy.copy(samplers[aggregator])  # B's model and adapters, named as the pair in progress lines
+        sampler.label = f"cross {search} -> {aggregator} ({i + 1} of {len(cfg.cross_pairs)}): "
+        records, stats = _graded_run(f"cross {search} -> {aggregator}", lambda: cross_aggregate(
+            problems, samplers[search], sampler, cfg))
+        cross.append({"search": search, "aggregator": aggregator, "grader": stats,
+                      "summary": {"rsa": rsa_curves(records, cfg), "sets": {"rsa": rsa_set_measures(records, cfg)}},
+                      "problems": records})
 
     out = Path(cfg.out)
-    config = {k: v for k, v in vars(cfg).items() if k not in ("model_explicit", "policy", "adapter")}
+    config = {k: v for k, v in vars(cfg).items() if k not in ("model_explicit", "policy", "adapter", "cross",
+                                                              "cross_all")}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     device = next(next(iter(policies.values()))["model"].parameters()).device
     tmp.write_text(json.dumps({"written_by": "evaluate.py", "config": config, "versions": versions(device),
-                               "policies": results}, indent=1))
+                               "policies": results, "cross": cross}, indent=1))
     os.replace(tmp, out)
     summaries = {label: r["summary"] for label, r in results.items()}
     print(figures.evaluation_table(summaries))
-    print(f"\n{len(problems)} problems, {len(results)} policies; traces generated: {cache.generated}, read from the "
+    print(figures.set_table(summaries))
+    print(figures.cross_table(cross))
+    print(f"\n{len(problems)} problems, {len(results)} policies, {len(cross)} cross pairs; traces generated: {cache.generated}, read from the "
           f"cache {cache.root}: {cache.reused}; wrote {out}")
     figures.plot_evaluation(summaries, out.with_suffix(".png"), title=f"{cfg.data}, {len(problems)} problems")
     return 0

@@ -418,15 +418,70 @@ def evaluation_curves(summaries: dict[str, dict]):
 
 
 def evaluation_table(summaries: dict[str, dict]) -> str:
-    """Plain-text tables, one per curve: x, maximum budget, then accuracy and tokens generated of each policy."""
+    """Plain-text tables, one per curve: x, maximum budget, then accuracy and tokens generated of each policy (RSA:
+    search and aggregation tokens apart)."""
     lines = []
     for name, x, y, curve_of in evaluation_curves(summaries):
         first = next(iter(curve_of.values()))
-        header = [x, "max budget", *(f"{label} {h}" for label in curve_of for h in ("acc", "tokens"))]
+        split = any(any(c.get("aggregation_tokens", [])) for c in curve_of.values())  # RSA after step 1
+        columns = [y, "search_tokens", "aggregation_tokens"] if split else [y, "tokens"]
+        heads = ["acc", "search tok", "agg tok"] if split else ["acc", "tokens"]
+        header = [x, "max budget", *(f"{label} {h}" for label in curve_of for h in heads)]
         lines += [f"\n{name}", "  ".join(f"{h:>14}" for h in header)]
         for i, (xv, budget) in enumerate(zip(first[x], first["budget"])):
-            cells = [xv, budget, *(v for c in curve_of.values() for v in (c[y][i], c["tokens"][i]))]
+            cells = [xv, budget, *(c[col][i] for c in curve_of.values() for col in columns)]
             lines.append("  ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{v:>14}" for v in cells))
+    return "\n".join(lines)
+
+
+def set_table(summaries: dict[str, dict]) -> str:
+    """evaluate.py's set-level measures as text: per policy and RSA population, one row per step t >= 2 (its sets
+    over step t-1), the aggregator's accuracy with the number of sets it is over in brackets."""
+    def cell(rate, count):
+        return "-" if rate is None else f"{rate:.3f} ({count})"
+
+    lines = []
+    for label, summary in summaries.items():
+        if "search" in summary.get("sets", {}):
+            search = summary["sets"]["search"]
+            lines.append(f"\nsets of {label}'s search traces: distinct answers per k-subset (coverage: pass@k) " +
+                         ", ".join(f"k={k}: {d:.2f}" for k, d in zip(search["k"], search["distinct_answers"])))
+        for m in summary.get("sets", {}).get("rsa", []):
+            k = m["set_size"]
+            lines += [f"\nsets of {label}, RSA population P={m['population']}, set size k={k} (c: right candidates)",
+                      "  ".join(f"{h:>13}" for h in ["step", "sets", "coverage", "distinct", "recovery c=0",
+                                                      "minority", "vs plurality", f"all right c={k}"])]
+            for i, t in enumerate(m["step"]):
+                by_c = m["sets_by_correct"][i]
+                minority = sum(by_c[1:(k + 1) // 2])
+                cells = [t, m["sets"][i], f"{m['coverage'][i]:.3f}", f"{m['distinct_answers'][i]:.2f}",
+                         cell(m["recovery"][i], by_c[0]), cell(m["minority"][i], minority),
+                         cell(m["against_plurality"][i], m["against_plurality_sets"][i]),
+                         cell(m["no_regression"][i], by_c[k])]
+                lines.append("  ".join(f"{v:>13}" for v in cells))
+    return "\n".join(lines)
+
+
+def cross_table(cross: list[dict]) -> str:
+    """evaluate.py's cross-aggregation as text: per RSA population, a matrix of pass@1 after the last step (rows:
+    the policy whose search traces step 1 held; columns: the policy that aggregated), then each pair's curve with the
+    tokens its search and its aggregation generated."""
+    lines = []
+    searchers = list(dict.fromkeys(c["search"] for c in cross))
+    aggregators = list(dict.fromkeys(c["aggregator"] for c in cross))
+    for i, first in enumerate(cross[0]["summary"]["rsa"] if cross else []):
+        T, P = first["step"][-1], first["population"]
+        at = {(c["search"], c["aggregator"]): c["summary"]["rsa"][i] for c in cross}
+        lines += [f"\ncross-aggregation, population P={P}, set size k={first['set_size']}: pass@1 after step {T} "
+                  "(rows: search policy, columns: aggregator policy)",
+                  "  ".join(f"{h:>14}" for h in ["search \\ agg", *aggregators])]
+        lines += ["  ".join([f"{a:>14}", *(f"{at[a, b]['pass_at_1'][-1]:>14.3f}" if (a, b) in at else f"{'-':>14}"
+                                           for b in aggregators)]) for a in searchers]
+        lines.append("  ".join(f"{h:>14}" for h in ["search -> agg", *(f"step {t}" for t in first["step"]),
+                                                     "search tok", "agg tok"]))
+        for (a, b), curve in at.items():
+            lines.append("  ".join([f"{a + ' -> ' + b:>14}", *(f"{v:>14.3f}" for v in curve["pass_at_1"]),
+                                    f"{curve['search_tokens'][-1]:>14.1f}", f"{curve['aggregation_tokens'][-1]:>14.1f}"]))
     return "\n".join(lines)
 
 

@@ -1,4 +1,5 @@
-"""Test-time compute methods as pure functions: pass@k, majority@k and recursive self-aggregation (RSA).
+"""Test-time compute methods as pure functions: pass@k, majority@k, recursive self-aggregation (RSA), and the
+set-level measures that tell a set's content (search) from what the aggregator makes of it (aggregation).
 
 evaluate.py feeds them sampled traces and draws the paper's figures; nothing here samples or loads a model.
 
@@ -12,6 +13,10 @@ Choices where the paper is silent:
  3. RSA sets: the paper "partition[s] the traces from the previous level into groups", yet keeps a population of
     8 with sets of 4, which a partition cannot do. We follow the RSA paper (Venkatraman et al., 2025): each of the
     P new members independently draws k distinct members of the previous population.
+ 4. Set-level measures (ours; the paper's "Next Steps" asks which half of the pipeline made a gain): a set's
+    answers are the answer groups of note 2, formed over the whole population the set was drawn from; a member
+    without an answer adds no answer. A set's plurality is its most frequent answer(s); it is right when one of its
+    tied leaders holds a correct member.
 """
 
 from __future__ import annotations
@@ -153,6 +158,82 @@ def recursive_self_aggregation(runs: list[tuple[str, int]], *, set_size: int, st
         for history, sets_P_k, traces in zip(histories, sets_R, aggregate(t, prompts_R)):
             history.append(RSAStep(t, sets_P_k.tolist(), traces))
     return histories
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Set-level measures (note 4)
+
+
+def expected_distinct_answers(group_ids: list[int | None], k: int) -> float:
+    """Distinct answers in a k-subset of the n samples, averaged over all C(n, k) subsets (the subsets pass@k
+    averages over): E[#groups in S] = sum_g P(g meets S) = sum_g [1 - C(n - m_g, k) / C(n, k)] = sum_g pass@k(n, m_g, k),
+    with m_g the samples in answer group g. Samples without an answer (None) add nothing."""
+    sizes = Counter(g for g in group_ids if g is not None)
+    return float(sum(pass_at_k(len(group_ids), m, k) for m in sizes.values()))
+
+
+@dataclass
+class SetCounts:
+    """What sets of n candidates held, and what the aggregator made of them (index c: correct candidates in a set).
+
+    sets_by_c[c] sets held exactly c correct candidates; hits_by_c[c] of them were aggregated into a correct trace.
+    coverage = 1 - sets_by_c[0] / sets; c = 0 is recovery, c = n no regression. against_plurality counts the sets
+    holding a correct candidate whose plurality (every tied leader) is wrong: a right aggregation there selected
+    against the majority; against_plurality_hits of them were aggregated into a correct trace.
+    """
+
+    sets_by_c: list[int]  # (n + 1,)
+    hits_by_c: list[int]  # (n + 1,)
+    distinct: int  # distinct answers, summed over the sets
+    against_plurality: int
+    against_plurality_hits: int
+
+    def __add__(self, other: SetCounts) -> SetCounts:
+        if len(self.sets_by_c) != len(other.sets_by_c):
+            raise ValueError(f"sets of {len(self.sets_by_c) - 1} and of {len(other.sets_by_c) - 1} candidates")
+        return SetCounts(*([x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
+                           for a, b in zip(vars(self).values(), vars(other).values())))
+
+
+def count_sets(member_correct_P: list[bool], member_group_P: list[int | None], sets_S_n, output_correct_S) -> SetCounts:
+    """SetCounts of S sets over one population of P graded candidates: set s holds the members sets_S_n[s] and was
+    aggregated into a trace of reward output_correct_S[s] (RSA step t: the population of step t-1, the sets and the
+    traces of step t). Candidate groups are note 2's (-1 or None: no answer)."""
+    sets_S_n = np.asarray(sets_S_n, dtype=int).reshape(len(output_correct_S), -1)  # (S, n)
+    n = sets_S_n.shape[1]
+    correct_S_n = np.asarray(member_correct_P, dtype=bool)[sets_S_n]  # (S, n)
+    groups_P = np.array([-1 if g is None else g for g in member_group_P], dtype=int)  # (P,)
+    hit_S = np.asarray(output_correct_S, dtype=bool)  # (S,)
+    c_S = correct_S_n.sum(1)  # (S,)
+    # votes_S_G[s, g]: members of set s in answer group g; right_S_G: whether one of them is correct
+    member_G_S_n = groups_P[sets_S_n][None] == np.arange(groups_P.max() + 1)[:, None, None]  # (G, S, n)
+    votes_S_G = member_G_S_n.sum(2).T  # (S, G)
+    right_S_G = (member_G_S_n & correct_S_n[None]).any(2).T  # (S, G)
+    leader_S_G = (votes_S_G == votes_S_G.max(1, initial=0)[:, None]) & (votes_S_G > 0)  # (S, G)
+    against_S = (c_S > 0) & ~(leader_S_G & right_S_G).any(1)  # (S,)
+    return SetCounts(sets_by_c=np.bincount(c_S, minlength=n + 1).tolist(),
+                     hits_by_c=np.bincount(c_S[hit_S], minlength=n + 1).tolist(),
+                     distinct=int((votes_S_G > 0).sum()), against_plurality=int(against_S.sum()),
+                     against_plurality_hits=int((against_S & hit_S).sum()))
+
+
+def set_measures(counts: SetCounts) -> dict:
+    """Rates of SetCounts (None where no set qualified): coverage (sets with a correct candidate / sets), distinct
+    answers per set, the aggregator's accuracy per c and for recovery (c = 0), a correct minority (0 < 2c < n),
+    against the plurality, and no regression (c = n)."""
+    sets_C, hits_C = np.array(counts.sets_by_c), np.array(counts.hits_by_c)  # (n + 1,)
+    n, total = len(sets_C) - 1, int(sets_C.sum())
+
+    def rate(hits, sets):
+        return float(hits / sets) if sets else None
+
+    minority = slice(1, (n + 1) // 2)  # 0 < c < n / 2
+    return {"sets": total, "coverage": rate(total - sets_C[0], total), "distinct_answers": rate(counts.distinct, total),
+            "sets_by_correct": counts.sets_by_c, "hits_by_correct": counts.hits_by_c,
+            "accuracy_by_correct": [rate(h, s) for h, s in zip(hits_C, sets_C)],
+            "recovery": rate(hits_C[0], sets_C[0]), "minority": rate(hits_C[minority].sum(), sets_C[minority].sum()),
+            "against_plurality": rate(counts.against_plurality_hits, counts.against_plurality),
+            "against_plurality_sets": counts.against_plurality, "no_regression": rate(hits_C[n], sets_C[n])}
 
 
 if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs

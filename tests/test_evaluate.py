@@ -5,6 +5,7 @@ import importlib.util
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -308,7 +309,9 @@ def test_a_cold_run_an_interrupted_run_and_its_resumption_agree(tiny_runs, monke
                "--out", str(runs.root / "resumed.json")]
     assert evaluate.main(command) == 130
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "interrupted" in err and str(runs.root / "resumed") in err
+    # Progress lines come every 30 s of the whole process (figures.Progress), so their count depends on the load.
+    messages = [line for line in err.splitlines() if not re.search(r": \d+/\d+ traces", line)]
+    assert len(messages) == 1 and "interrupted" in messages[0] and str(runs.root / "resumed") in messages[0]
     monkeypatch.setattr(rollout, "generate", generate)
     resumed, prompts = runs(*flags, "--cache-dir", str(runs.root / "resumed"), out=runs.root / "resumed.json")
     assert len(prompts) == 3 + 3 * 2  # the second problem's step 2, then both problems' step 3
