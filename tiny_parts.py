@@ -447,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         why = "--seed must be in [0, 2**32)"
     if not why and not 1 <= args.threads <= (os.cpu_count() or 1):
         why = f"--threads must be between 1 and {os.cpu_count() or 1} (the CPUs)"
-    if not why and task.init != tiny.WARM_START_DIR and not os.path.isfile(os.path.join(task.init, "model.safetensors")):
+    init_missing = not os.path.isfile(os.path.join(task.init, "model.safetensors"))
+    if not why and task.init != tiny.WARM_START_DIR and init_missing:
         why = f"{task.name} continues from {task.init}, which is missing; rebuild it first"
     if why:
         print(f"tiny_parts.py: error: {why}", file=sys.stderr)

@@ -116,7 +116,7 @@ def evaluation_args(seeds: list[int], runs_dir: str, limit: int, out: str, cross
     if cross:
         for s in seeds:
             names = {a: "base" if a == "base" else f"{a}-s{s}" for a in CROSS_ARMS}
-            args += [f"--cross={names[a]}:{names[b]}" for a in CROSS_ARMS for b in CROSS_ARMS if a != b]
+            args += [f"--cross={names[a]}={names[b]}" for a in CROSS_ARMS for b in CROSS_ARMS if a != b]
     return args
 
 
@@ -204,30 +204,24 @@ def entropy_at_matched_accuracy(runs: dict[str, list[list[dict]]]) -> tuple[str,
 
 
 def cross_table(results: dict, seeds: list[int]) -> tuple[str, dict] | None:
-    """Search policy x aggregator policy, RSA P=4 pass@1 at step 2 and 3 (mean ± sd over seeds), from the
-    evaluation's cross-aggregation block; None when the evaluation has none."""
+    """Search policy x aggregator policy: RSA P=4 pass@1 at step 2 (mean ± sd over seeds; the diagonal is each
+    policy's own RSA), from the evaluation's cross-aggregation block; None when it has none."""
     cross = results.get("cross")
     if not cross:
         return None
+    by_pair = {(c["search"], c["aggregator"]): _rsa(c["summary"]) for c in cross}
 
-    def pair(a, b, s):
-        names = ["base" if x == "base" else f"{x}-s{s}" for x in (a, b)]
-        if a == b:
-            return _rsa(results["policies"][names[0]]["summary"])["pass_at_1"]
-        found = next((c for c in cross if c["search"] == names[0] and c["aggregator"] == names[1]
-                      and c["population"] == RSA_P), None)
-        return None if found is None else found["pass_at_1"]
+    def step2(a, b, s):
+        names = tuple("base" if x == "base" else f"{x}-s{s}" for x in (a, b))
+        curve = _rsa(results["policies"][names[0]]["summary"]) if a == b else by_pair.get(names)
+        return None if curve is None else curve["pass_at_1"][1]
 
     cells, lines = {}, ["| search traces of \\ aggregator of | " + " | ".join(CROSS_ARMS) + " |",
                         "|---" * (len(CROSS_ARMS) + 1) + "|"]
     for a in CROSS_ARMS:
-        row = []
         for b in CROSS_ARMS:
-            curves = [pair(a, b, s) for s in (seeds if "base" not in (a, b) or a != b else seeds[:1])]
-            values = [c[1] if c and len(c) > 1 else None for c in curves]
-            cells[f"{a}|{b}"] = values
-            row.append(_cell(values, 3))
-        lines.append(f"| {a} | " + " | ".join(row) + " |")
+            cells[f"{a}|{b}"] = [step2(a, b, s) for s in (seeds[:1] if a == b == "base" else seeds)]
+        lines.append(f"| {a} | " + " | ".join(_cell(cells[f"{a}|{b}"], 3) for b in CROSS_ARMS) + " |")
     return "\n".join(lines), cells
 
 

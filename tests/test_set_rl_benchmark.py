@@ -25,7 +25,8 @@ def test_the_arms_differ_only_where_they_should_and_share_the_maximum_budget():
     budgets = {arm: train.token_budget_per_problem(c) for arm, c in cfgs.items()}
     assert set(budgets.values()) == {(8 + 4 * 4) * 28}, budgets
     spiral, own = (vars(cfgs[a]) for a in ("spiral", "own"))
-    assert {k for k in spiral if spiral[k] != own[k]} == {"search_advantage", "out"} and own["search_advantage"] == "own"
+    assert {k for k in spiral if spiral[k] != own[k]} == {"search_advantage", "out"}
+    assert own["search_advantage"] == "own"
     assert (cfgs["grpo"].group_size, cfgs["grpo"].max_new_tokens) == (12, 56)
     assert (cfgs["grpo24"].group_size, cfgs["grpo24"].max_new_tokens) == (set_rl.GROUP_EQUAL_TOKENS, 28)
     assert all(c.preset == "tiny_parts6" and c.steps == 40 for c in cfgs.values())
@@ -37,8 +38,8 @@ def test_the_evaluation_holds_every_run_and_the_cross_pairs_of_each_seed():
     assert sorted(policies) == sorted(f"{arm}-s{s}" for arm in set_rl.ARMS for s in (0, 1))
     assert args[args.index("--preset") + 1] == "tiny_parts6" and "base=data/tiny_parts6_warmstart" in args
     cross = [a.split("=", 1)[1] for a in args if a.startswith("--cross=")]
-    assert len(cross) == 2 * 4 * 3 and "spiral-s1:own-s1" in cross and "base:spiral-s0" in cross
-    assert not any(a.split(":")[0].split("-s")[-1] != a.split(":")[1].split("-s")[-1] for a in cross
+    assert len(cross) == 2 * 4 * 3 and "spiral-s1=own-s1" in cross and "base=spiral-s0" in cross
+    assert not any(a.split("=")[0].split("-s")[-1] != a.split("=")[1].split("-s")[-1] for a in cross
                    if "base" not in a)  # a pair never mixes seeds
     assert not any(a.startswith("--cross") for a in set_rl.evaluation_args([0, 1], "r", 5, "o", cross=False))
 
@@ -170,3 +171,26 @@ def test_entropy_points_pair_each_step_s_smoothed_accuracy_and_entropy():
     (x, y), = figures.entropy_accuracy_points([rows], "search_accuracy", "rollout/entropy_search", window=3)
     assert np.allclose(x, [0.2, 0.3, 0.4, 0.5, 0.6]) and np.allclose(y, [0.9, 0.85, 0.8, 0.75, 0.7])
     assert figures.entropy_accuracy_points([rows], "accuracy", "rollout/entropy_grpo") == []
+
+
+def test_cross_table_reads_each_pair_of_each_seed_and_the_diagonal_from_the_policies():
+    """Rows: whose search traces; columns: whose aggregator; RSA P=4 step 2 over seeds. The diagonal is the policy's
+    own RSA; a pair the evaluation lacks shows '-'."""
+    seeds, arms = [0, 1], set_rl.CROSS_ARMS
+    names = ["base", *[f"{a}-s{s}" for a in arms[1:] for s in seeds]]
+    value = {name: 0.1 * i for i, name in enumerate(names)}
+    policies = {n: {"summary": {"rsa": [{"population": 4, "pass_at_1": [0.0, value[n], 0.0]}]}} for n in names}
+    cross = [{"search": a, "aggregator": b, "summary": {"rsa": [
+        {"population": 8, "pass_at_1": [0, 0.99, 0]}, {"population": 4, "pass_at_1": [0, value[a] + value[b], 0]}]}}
+        for a in names for b in names if a != b and (a == "base" or b == "base" or a[-1] == b[-1])
+        and (a, b) != ("own-s1", "spiral-s1")]
+    assert set_rl.cross_table({"policies": policies}, seeds) is None  # no cross block: no table
+    markdown, cells = set_rl.cross_table({"policies": policies, "cross": cross}, seeds)
+    assert cells["spiral|own"] == [pytest.approx(value["spiral-s0"] + value["own-s0"]),
+                                   pytest.approx(value["spiral-s1"] + value["own-s1"])]
+    assert cells["base|grpo"] == [pytest.approx(value["grpo-s0"]), pytest.approx(value["grpo-s1"])]
+    assert cells["own|own"] == [value["own-s0"], value["own-s1"]] and cells["base|base"] == [0.0]
+    assert cells["own|spiral"][1] is None
+    rows = markdown.splitlines()
+    assert rows[0] == "| search traces of \\ aggregator of | base | spiral | own | grpo |"
+    assert rows[4].startswith("| own | ") and rows[4].split(" | ")[2] == "-"

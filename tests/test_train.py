@@ -156,8 +156,9 @@ def test_generated_tokens_line_reports_means_by_level():
              "tokens_per_problem_aggregation": 200.0},
             {"step": 2, "tokens_per_problem": 340.0, "tokens_per_problem_search": 110.0,
              "tokens_per_problem_aggregation": 230.0}]
-    assert train.generated_tokens_line(rows, cfg) == ("tokens generated per drawn problem, mean over steps 1-2: 320 "
-                                                      "(search 105, aggregation 215), of at most (8 + 4 x 4) x 16 = 384")
+    assert train.generated_tokens_line(rows, cfg) == (
+        "tokens generated per drawn problem, mean over steps 1-2: 320 (search 105, aggregation 215), of at most "
+        "(8 + 4 x 4) x 16 = 384")
     grpo = train.resolve_config({"preset": "tiny_parts", "algo": "grpo"})
     assert train.generated_tokens_line([{"step": 3, "tokens_per_problem": 168.0}], grpo).endswith(
         "steps 3-3: 168, of at most 12 x 32 = 384")
