@@ -238,9 +238,10 @@ def test_the_heldout_draw_skips_training_problems():
 
 
 def test_search_credit_compares_both_line_13s_on_the_same_rollouts(monkeypatch):
-    """A scripted world: problem answers "11"; search trace j writes "11" (2 right digits) for j < 2, "10" (1) for
-    j < 5, else "00"; an aggregation trace is right iff its set holds trace 0. "own" credits only traces 0-1; "set"
-    credits by sets, and both are given for the traces by right digits."""
+    """A scripted world: search trace j writes answers[j] for every problem; an aggregation trace is right iff its
+    set holds trace 0 (it writes 11). Problems "11" and "10" make the right digits differ by problem (k_j: 2,2,1,1,1,0,0,0 for
+    "11"; 1,1,2,2,2,1,1,1 for "10"), so the score's P(right) is the mean over every trace of every problem. Both arms'
+    figures are recomputed with plain loops."""
     from advantages import spiral_advantages
 
     answers = ["11", "11", "10", "10", "10", "00", "00", "00"]
@@ -253,23 +254,44 @@ def test_search_credit_compares_both_line_13s_on_the_same_rollouts(monkeypatch):
                 for prompt in prompts]
 
     monkeypatch.setattr(rollout, "generate", fake_generate)
-    problems = [problemset.Problem("What is 1 + 10?", "11")] * 3
+    golds = ["11", "10", "11"]
+    problems = [problemset.Problem(f"What is {g}?", g) for g in golds]
     out = tiny_parts.search_credit(None, None, problems, seed=0)
-    assert out["traces_by_right_digits"] == [9, 9, 6]
-    own = np.array([0.75, 0.75] + [-0.25] * 6)
-    assert out["own"]["by_right_digits"] == pytest.approx([-0.25, -0.25, 0.75])
-    right = np.array([2, 2, 1, 1, 1, 0, 0, 0])
-    assert out["own"]["signal"] == pytest.approx((own * (right - right.mean())).sum() / 2)
-    assert out["own"]["nonzero"] == 1.0
+    right_P_N1 = np.array([[sum(x == y for x, y in zip(a, g)) for a in answers] for g in golds])  # (3, 8)
+    assert out["traces_by_right_digits"] == np.bincount(right_P_N1.ravel(), minlength=3).tolist() == [6, 11, 7]
     rng = np.random.default_rng(0)
-    expected = []
-    for _ in problems:
+    expected = {"set": [], "own": []}
+    for g in golds:
         sets = tiny_parts_sample_sets(rng)
-        rewards = np.array([[float(0 in G)] * 4 for G in sets])
-        expected.append(spiral_advantages(sets, rewards, 8)[0])
-    expected = np.array(expected)
-    assert out["set"]["by_right_digits"][2] == pytest.approx(expected[:, :2].mean())
-    assert out["set"]["signal"] == pytest.approx(np.mean((expected * (right - right.mean())).sum(1) / 2))
+        rewards_K_N2 = np.array([[float(0 in G and g == "11")] * 4 for G in sets])  # it writes 11: wrong for 10
+        expected["set"].append(spiral_advantages(sets, rewards_K_N2, 8)[0])
+        r = np.array([float(a == g) for a in answers])
+        expected["own"].append(r - r.mean())
+    kbar = right_P_N1.mean()
+    for arm, adv in expected.items():
+        adv = np.array(adv)
+        signal_P = [sum(adv[p, j] * (right_P_N1[p, j] - kbar) for j in range(8)) / 2 for p in range(3)]
+        assert out[arm]["signal"] == pytest.approx(np.mean(signal_P))
+        assert out[arm]["signal_sd"] == pytest.approx(np.std(signal_P, ddof=1))
+        assert out[arm]["by_right_digits"][2] == pytest.approx(adv[right_P_N1 == 2].mean())
+    assert out["own"]["by_right_digits"][2] == pytest.approx(np.mean([0.75] * 4 + [0.625] * 3))
+    assert out["own"]["nonzero"] == 1.0
+
+
+def test_measure_grades_a_digit_only_in_an_answer_of_the_right_length(monkeypatch):
+    """"7540" holds 754's digits at their positions but is not a 3-digit answer: no digit of it counts, nor for the
+    set's parts or plurality."""
+    p = problemset.Problem("What is 352 + 402?", "754")
+
+    def fake_generate(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens):
+        if samples_per_prompt > 1:
+            return [[rollout.Completion([], [], [], tiny_parts.parts_trace(p.problem, a), False)
+                     for a in ["7540", "7540", "154", "111"]]]
+        return [[rollout.Completion([], [], [], "x", False)]]
+
+    monkeypatch.setattr(rollout, "generate", fake_generate)
+    m = tiny_parts.measure(None, None, [p], samples=4, set_size=4)
+    assert m["digit"] == pytest.approx(2 / 12) and m["parts_right"] == 0.0 and m["plurality"] == 0.0
 
 
 def tiny_parts_sample_sets(rng):

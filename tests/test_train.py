@@ -169,3 +169,14 @@ def test_overwrite_accepts_a_run_directory(files):
                                 "overwrite": True, "batch_problems": 1})  # ok.jsonl holds one problem
     assert [p.answer for p in train.validate(cfg)] == ["2"]
     assert os.path.exists(files / "oldrun" / "metrics.jsonl")  # validation itself deletes nothing
+
+
+def test_collect_passes_the_search_advantage_and_the_unbiased_scale_to_spiral(monkeypatch):
+    """train.collect hands --search-advantage to spiral.collect_spiral, and 1/M only with --unbiased-set-rl."""
+    seen = []
+    monkeypatch.setattr(train.spiral, "collect_spiral", lambda *a, **kw: seen.append(kw))
+    for flags in ({}, {"search_advantage": "own"}, {"unbiased_set_rl": True}):
+        train.collect(train.resolve_config({"preset": "tiny", **flags}), None, None, None, None)
+    assert [kw["search_advantage"] for kw in seen] == ["set", "own", "set"]
+    assert [kw["search_advantage_scale"] for kw in seen][:2] == [1.0, 1.0]
+    assert seen[2]["search_advantage_scale"] == pytest.approx(1 / train.setsample.gradient_scale(8, 4, 4))
