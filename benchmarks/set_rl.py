@@ -78,9 +78,6 @@ COLUMNS = [
     ("majority@8", lambda s: _at(s["majority"], "accuracy", "k", 8)),
     *[(f"RSA P=4 step {t}", lambda s, t=t: _rsa(s)["pass_at_1"][t - 1]) for t in (1, 2, 3)],
     ("distinct answers per 4", lambda s: _at(s["sets"]["search"], "distinct_answers", "k", 4)),
-    ("aggregator, 0 right of 4", lambda s: _sets(s)["recovery"][0]),
-    ("aggregator, right minority", lambda s: _sets(s)["minority"][0]),
-    ("aggregator, 4 of 4 right", lambda s: _sets(s)["no_regression"][0]),
     ("tokens/problem RSA step 3 (search + aggregation)", lambda s: _rsa(s)["tokens"][2]),
 ]
 # Training, from each run's metrics.jsonl: (row, key for SPIRAL-like arms, key for GRPO arms, how to reduce the rows,
@@ -203,6 +200,32 @@ def entropy_at_matched_accuracy(runs: dict[str, list[list[dict]]]) -> tuple[str,
     return "\n".join(lines), cells
 
 
+def set_table(results: dict, seeds: list[int]) -> tuple[str, dict]:
+    """The sets RSA step 2 aggregates (P=4 sets of 4 over the step-1 search traces), pooled over seeds: coverage
+    (sets holding a right trace), and the aggregator's accuracy by c, its right candidates, with the number of sets
+    (hits and sets summed over seeds: a seed with no set at some c adds nothing there). Rows: each policy over its
+    own search traces, then each trained aggregator over the warm start's search traces (cross-aggregation), where
+    almost no set holds a right candidate: what an aggregator makes of sets with nothing right in them."""
+    rows = {"warm start": [results["policies"]["base"]["summary"]]}
+    rows |= {ARMS[a][0]: [results["policies"][f"{a}-s{s}"]["summary"] for s in seeds] for a in ARMS}
+    for c in results.get("cross") or []:
+        if c["search"] == "base" and c["aggregator"] != "base":
+            arm = c["aggregator"].rsplit("-s", 1)[0]
+            rows.setdefault(f"warm start's traces, aggregator of {arm}", []).append(c["summary"])
+    heads = ["sets (step 2)", "coverage", *[f"aggregator, {c} of 4 right" for c in range(5)]]
+    lines = ["| search traces, aggregator | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    cells = {}
+    for label, summaries in rows.items():
+        found = [_sets(s) for s in summaries]
+        sets_c = np.sum([m["sets_by_correct"][0] for m in found], axis=0)  # (5,) over seeds
+        hits_c = np.sum([m["hits_by_correct"][0] for m in found], axis=0)
+        coverage = float(np.mean([m["coverage"][0] for m in found]))
+        cells[label] = {"sets_by_correct": sets_c.tolist(), "hits_by_correct": hits_c.tolist(), "coverage": coverage}
+        by_c = [f"{h / n:.3f} ({int(n)})" if n else "-" for h, n in zip(hits_c, sets_c)]
+        lines.append(f"| {label} | {int(sets_c.sum())} | {coverage:.3f} | " + " | ".join(by_c) + " |")
+    return "\n".join(lines), cells
+
+
 def cross_table(results: dict, seeds: list[int]) -> tuple[str, dict] | None:
     """Search policy x aggregator policy: RSA P=4 pass@1 at step 2 (mean ± sd over seeds; the diagonal is each
     policy's own RSA), from the evaluation's cross-aggregation block; None when it has none."""
@@ -251,6 +274,8 @@ def figure(results: dict, runs: dict, seeds: list[int], path: str) -> bool:
         band(axes[1], _rsa(sums[0])["step"], [_rsa(s)["pass_at_1"] for s in sums], color=colors[key], marker="o",
              label=names[key])
     axes[0].set(xscale="log", xlabel="k", ylabel="pass@k", title="pass@k (held-out problems)")
+    axes[0].set_xticks([1, 2, 4, 8], labels=["1", "2", "4", "8"])
+    axes[0].minorticks_off()
     axes[1].set(xlabel="RSA step (1 = the search traces)", ylabel="pass@1", title=f"RSA, P={RSA_P}, sets of 4")
     axes[1].set_xticks([1, 2, 3])
     for arm, seed_rows in runs.items():
@@ -301,6 +326,9 @@ def report(results: dict, runs: dict, seeds: list[int], header: str) -> tuple[st
              "## Search-trace entropy at matched search accuracy (mean over the steps of all seeds in the bin; steps)",
              entropy]
     cells = {"evaluation": eval_cells, "training": train_cells, "entropy_by_accuracy": entropy_cells}
+    sets, set_cells = set_table(results, seeds)
+    parts += ["## The sets RSA step 2 aggregates, and what each aggregator makes of them (pooled over seeds)", sets]
+    cells["sets_step2"] = set_cells
     crossed = cross_table(results, seeds)
     if crossed:
         parts += ["## Cross-aggregation: RSA P=4 pass@1 at step 2 (the diagonal: the policy's own RSA)", crossed[0]]

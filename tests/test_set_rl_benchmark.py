@@ -89,8 +89,9 @@ def _summary(x):
                      "tokens": [92.0, 184.0, 276.0], "search_tokens": [92.0] * 3,
                      "aggregation_tokens": [0.0, 92.0, 184.0]}],
             "sets": {"search": {"k": [1, 2, 4, 8], "distinct_answers": [1.0, 1.5, 2.0 + x, 3.0]},
-                     "rsa": [{"population": 4, "set_size": 4, "step": [2, 3], "recovery": [x / 2, None],
-                              "minority": [x / 3, None], "no_regression": [1.0, 1.0]}]}}
+                     "rsa": [{"population": 4, "set_size": 4, "step": [2, 3], "coverage": [x, x],
+                              "sets_by_correct": [[10, 0, 0, 0, 30], [0] * 5],
+                              "hits_by_correct": [[round(10 * x), 0, 0, 0, 30], [0] * 5]}]}}
 
 
 def _metrics(arm, seed, steps=40):
@@ -135,7 +136,10 @@ def test_tables_and_figure_from_finished_runs_and_a_stand_in_evaluation(tmp_path
     assert len(calls) == 1 and "--cross" not in " ".join(calls[0])
     md = (tmp_path / "result" / "r.md").read_text()
     assert md.startswith("<!-- written by benchmarks/set_rl.py --seeds 0,1 --steps 40 --limit 100 --no-cross -->")
-    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    sections = {part.split("\n")[0]: {line.split(" | ")[0].strip("| "): line for line in part.splitlines()
+                                       if line.startswith("| ")} for part in md.split("## ")[1:]}
+    rows = {k: v for table in sections.values() for k, v in table.items()}  # first-column labels, last table wins
+    rows |= next(t for title, t in sections.items() if title.startswith("Held-out"))
     # pass@1 of SPIRAL (arm 0): 0.20 and 0.25; of GRPO (arm 2): 0.40 and 0.45
     assert "| 0.225 ± 0.035 [0.200, 0.250] |" in rows["SPIRAL (2 seeds)"]
     assert rows["GRPO, equal max budget (2 seeds)"].split(" | ")[1] == "0.425 ± 0.035 [0.400, 0.450]"
@@ -147,8 +151,14 @@ def test_tables_and_figure_from_finished_runs_and_a_stand_in_evaluation(tmp_path
     assert "| 368 ± 0 [368, 368] | 368 ± 0 [368, 368] | - | - |" in rows["of which aggregation traces"]
     assert "0.075 ± 0.071 [0.025, 0.125]" in rows["search accuracy, first 10% of steps"]
     # matched accuracy: steps with accuracy in [0.2, 0.4): seed 0 steps 20-39, seed 1 steps 10-29 -> 40 steps
-    assert rows["SPIRAL"].split(" | ")[2] == "0.705 (40)"
+    entropy = next(t for title, t in sections.items() if title.startswith("Search-trace entropy"))
+    assert entropy["SPIRAL"].split(" | ")[2] == "0.705 (40)"
+    # the sets of step 2 pooled over seeds: SPIRAL's c = 0 sets hit 2 + 2 of 20 (x = 0.20, 0.25)
+    sets = next(t for title, t in sections.items() if title.startswith("The sets RSA step 2"))
+    assert sets["SPIRAL"].split(" | ")[1:4] == ["80", "0.225", "0.200 (20)"]
+    assert sets["warm start"].split(" | ")[1:4] == ["40", "0.050", "0.000 (10)"]  # round(10 x 0.05) = 0 hits
     saved = json.loads((tmp_path / "result" / "r.json").read_text())
+    assert saved["cells"]["sets_step2"]["SPIRAL"]["hits_by_correct"] == [4, 0, 0, 0, 60]
     assert saved["cells"]["evaluation"]["spiral"]["pass@1"] == [0.2, 0.25]
     assert saved["cells"]["training"]["maximum budget per problem"]["grpo24"] == [672, 672]
     assert (tmp_path / "result" / "r.png").stat().st_size > 10_000
