@@ -423,8 +423,9 @@ def train(cfg: TrainConfig, problems, reward_fn=None) -> None:
     if cfg.plot and figures.plot_training(metrics_path, os.path.join(cfg.out, "metrics.png")):
         print(f"train.py: wrote {os.path.join(cfg.out, 'metrics.png')}")
     rows = checkpoint.read_metrics(metrics_path)
-    print(f"train.py: done; adapter in {os.path.join(cfg.out, 'adapter')}\n" + figures.first_last_table(rows)
-          + "\n" + figures.generated_tokens_line(rows, cfg.algo == "spiral", budget_line(cfg)))
+    print(f"train.py: done; adapter in {os.path.join(cfg.out, 'adapter')}\n"  # the table last: the README's demo shows it
+          f"train.py: {figures.generated_tokens_line(rows, cfg.algo == 'spiral', budget_line(cfg))}\n"
+          + figures.first_last_table(rows))
 
 
 def enable_gradient_checkpointing(model, keep_attention_outputs: bool = False) -> None:
