@@ -74,17 +74,43 @@ def _lengths(completions: list[Completion]) -> np.ndarray:
     return np.array([len(c.completion_ids) for c in completions])
 
 
-def _add_entropy(total: list, completions: list[Completion]) -> None:
-    """total = [sum of per-token sampler entropies, tokens]: a token-level mean once every trace is in."""
-    for c in completions:
-        if c.entropies is not None:
-            total[0] += float(sum(c.entropies))
-            total[1] += len(c.entropies)
+class _TraceLog:
+    """What a step's metrics average over, per role ("search", "aggregation"; "grpo"): the reward, length,
+    truncation and sampler entropy of every trace of every drawn problem, kept or not, and generation seconds.
+    Logging only: nothing here enters a gradient."""
 
+    def __init__(self, roles: tuple[str, ...]):
+        self.roles = roles
+        self.rewards = {role: [] for role in roles}
+        self.lengths = {role: [] for role in roles}
+        self.truncated = {role: [] for role in roles}
+        self.entropy = {role: [0.0, 0] for role in roles}  # [sum of per-token sampler entropies, tokens]
+        self.seconds = {role: 0.0 for role in roles}
 
-def _entropy_metrics(totals: dict[str, list]) -> dict[str, float]:
-    """rollout/entropy_<role>: mean entropy per sampled token over every trace of every drawn problem (nats)."""
-    return {f"rollout/entropy_{role}": s / n for role, (s, n) in totals.items() if n}
+    @contextlib.contextmanager
+    def timed(self, role: str):
+        start = time.perf_counter()
+        yield
+        self.seconds[role] += time.perf_counter() - start
+
+    def add(self, role: str, rewards, completions: list[Completion]) -> None:
+        self.rewards[role] += [float(r) for r in rewards]
+        self.lengths[role] += _lengths(completions).tolist()
+        self.truncated[role] += [c.truncated for c in completions]
+        for c in completions:
+            if c.entropies is not None:
+                self.entropy[role][0] += float(sum(c.entropies))
+                self.entropy[role][1] += len(c.entropies)
+
+    def means(self, prefix: dict[str, str]) -> dict[str, float]:
+        """{prefix}accuracy, {prefix}length, {prefix}truncation_rate for each role (prefix: role -> "" or "search_")."""
+        return {f"{prefix[role]}{name}": float(np.mean(values[role]))
+                for name, values in (("accuracy", self.rewards), ("length", self.lengths),
+                                     ("truncation_rate", self.truncated)) for role in self.roles}
+
+    def entropy_metrics(self) -> dict[str, float]:
+        """rollout/entropy_<role>: mean entropy per sampled token over every trace of every drawn problem (nats)."""
+        return {f"rollout/entropy_{role}": s / n for role, (s, n) in self.entropy.items() if n}
 
 
 def _check_counts(**counts: int) -> None:
@@ -160,19 +186,14 @@ def collect_spiral(
     sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, micro_batch_size=micro_batch_size,
                     tokens_per_micro_batch=tokens_per_micro_batch)
     samples: list[Sample] = []
-    log = {key: [] for key in ("search_reward", "aggregation_reward", "search_length", "aggregation_length",
-                               "search_truncated", "aggregation_truncated")}
-    seconds = {"search": 0.0, "aggregation": 0.0}
-    entropy = {"search": [0.0, 0], "aggregation": [0.0, 0]}  # every trace of every drawn problem, kept or not
+    log = _TraceLog(("search", "aggregation"))  # metrics only; the paper's entropy figure: search traces
     drawn = kept = 0
     while kept < batch_problems and drawn < max_draws:  # dynamic sampling: draw until |B| problems carry signal
         problems = [draw_problem() for _ in range(min(batch_problems - kept, max_draws - drawn))]
         drawn += len(problems)
-        start = time.perf_counter()
-        # Line 2: y_1..y_N1 ~ pi_theta(. | x), every problem of the round in one batched call.
-        search_P_N1 = generate(model, tokenizer, [search_prompt(x.problem) for x in problems],
-                               samples_per_prompt=N1, **sampling)
-        seconds["search"] += time.perf_counter() - start
+        with log.timed("search"):  # Line 2: y_1..y_N1 ~ pi_theta(. | x), every problem of the round in one call.
+            search_P_N1 = generate(model, tokenizer, [search_prompt(x.problem) for x in problems],
+                                   samples_per_prompt=N1, **sampling)
         # Line 5: K sets of n distinct search traces, uniformly without replacement among all C(N1, n).
         sets_P_K_n = [sample_sets(N1, n, K, rng=rng) for _ in problems]
         # Lines 6-7: for each set G_l, the Aggregation Trace Prompt holding x and G_l's traces in index order.
@@ -180,11 +201,9 @@ def collect_spiral(
         for x, search_N1, sets_K_n in zip(problems, search_P_N1, sets_P_K_n):
             for G_l in sets_K_n:
                 aggregation_prompts.append(aggregation_prompt(x.problem, [search_N1[j].text for j in G_l]))
-        start = time.perf_counter()
-        with (aggregation_adapter or contextlib.nullcontext)():
+        with log.timed("aggregation"), (aggregation_adapter or contextlib.nullcontext)():
             # Line 7: y^{G_l}_1..y^{G_l}_N2 ~ pi_theta(. | x, G_l) (pi_phi in the two-model variant).
             aggregation_PK_N2 = generate(model, tokenizer, aggregation_prompts, samples_per_prompt=N2, **sampling)
-        seconds["aggregation"] += time.perf_counter() - start
 
         for i, x in enumerate(problems):
             search_N1 = search_P_N1[i]
@@ -202,14 +221,8 @@ def collect_spiral(
                 search_adv_N1 = length_aware(search_adv_N1, _lengths(search_N1), target_length)
                 aggregation_adv_K_N2 = length_aware(aggregation_adv_K_N2,
                                                     _lengths(aggregation_KN2).reshape(K, N2), target_length)
-            log["search_reward"] += search_rewards_N1.tolist()
-            log["aggregation_reward"] += rewards_K_N2.ravel().tolist()
-            log["search_length"] += _lengths(search_N1).tolist()
-            log["aggregation_length"] += _lengths(aggregation_KN2).tolist()
-            log["search_truncated"] += [c.truncated for c in search_N1]
-            log["aggregation_truncated"] += [c.truncated for c in aggregation_KN2]
-            _add_entropy(entropy["search"], search_N1)  # the paper's entropy figure: search traces only
-            _add_entropy(entropy["aggregation"], aggregation_KN2)
+            log.add("search", search_rewards_N1, search_N1)
+            log.add("aggregation", rewards_K_N2.ravel(), aggregation_KN2)
             if not (np.any(search_adv_N1 != 0) or np.any(aggregation_adv_K_N2 != 0)):
                 continue  # dynamic sampling: this problem gives no gradient
             kept += 1
@@ -218,17 +231,18 @@ def collect_spiral(
             samples += [_sample(c, a, "aggregation", r) for c, a, r in
                         zip(aggregation_KN2, aggregation_adv_K_N2.ravel(), rewards_K_N2.ravel())]
 
-    search_tokens, aggregation_tokens = sum(log["search_length"]), sum(log["aggregation_length"])
+    return Rollouts(samples, _spiral_metrics(log, drawn, kept, N1, n, K, N2, max_new_tokens, search_advantage_scale,
+                                             grader_before))
+
+
+def _spiral_metrics(log: _TraceLog, drawn: int, kept: int, N1: int, n: int, K: int, N2: int, max_new_tokens: int,
+                    search_advantage_scale: float, grader_before: dict[str, int]) -> dict[str, float]:
+    """collect_spiral's metrics: per level, means over every trace of every drawn problem; tokens per problem."""
+    search_tokens, aggregation_tokens = sum(log.lengths["search"]), sum(log.lengths["aggregation"])
     tokens = search_tokens + aggregation_tokens
-    metrics = _batch_metrics(drawn, kept) | {
-        "search_accuracy": float(np.mean(log["search_reward"])),
-        "aggregation_accuracy": float(np.mean(log["aggregation_reward"])),
-        "search_length": float(np.mean(log["search_length"])),
-        "aggregation_length": float(np.mean(log["aggregation_length"])),
-        "search_truncation_rate": float(np.mean(log["search_truncated"])),
-        "aggregation_truncation_rate": float(np.mean(log["aggregation_truncated"])),
-        "time/search_s": seconds["search"],
-        "time/aggregation_s": seconds["aggregation"],
+    return _batch_metrics(drawn, kept) | log.means({"search": "search_", "aggregation": "aggregation_"}) | {
+        "time/search_s": log.seconds["search"],
+        "time/aggregation_s": log.seconds["aggregation"],
         "tokens_generated": tokens,
         "tokens_per_problem": tokens / drawn,  # generated per drawn problem, against the maximum below
         "tokens_per_problem_search": search_tokens / drawn,
@@ -236,8 +250,7 @@ def collect_spiral(
         "token_budget_per_problem": (N1 + K * N2) * max_new_tokens,  # paper: (8 + 16) x 4096 = 98,304
         "gradient_scale_M": gradient_scale(N1, n, K),  # Proposition 3.1: E[g_set] = M x the set-RL gradient
         "search_advantage_scale": search_advantage_scale,
-    } | _entropy_metrics(entropy) | _grader_metrics(grader_before)
-    return Rollouts(samples, metrics)
+    } | log.entropy_metrics() | _grader_metrics(grader_before)
 
 
 def collect_grpo(
@@ -266,8 +279,7 @@ def collect_grpo(
     grade = reward_fn or _math_reward
     grader_before = grader_stats()
     samples: list[Sample] = []
-    log = {"reward": [], "length": [], "truncated": []}
-    entropy = {"grpo": [0.0, 0]}  # every trace of every drawn problem: comparable with SPIRAL's search traces
+    log = _TraceLog(("grpo",))  # its entropy is comparable with SPIRAL's search traces
     drawn = kept = 0
     while kept < batch_problems and drawn < max_draws:  # dynamic sampling, as for SPIRAL
         problems = [draw_problem() for _ in range(min(batch_problems - kept, max_draws - drawn))]
@@ -280,24 +292,18 @@ def collect_grpo(
             adv_G = group_advantages(rewards_G)
             if target_length is not None:
                 adv_G = length_aware(adv_G, _lengths(group), target_length)
-            log["reward"] += rewards_G.tolist()
-            log["length"] += _lengths(group).tolist()
-            log["truncated"] += [c.truncated for c in group]
-            _add_entropy(entropy["grpo"], group)
+            log.add("grpo", rewards_G, group)
             if not np.any(adv_G != 0):
                 continue
             kept += 1
             samples += [_sample(c, a, "grpo", r) for c, a, r in zip(group, adv_G, rewards_G)]
 
-    tokens = sum(log["length"])
-    metrics = _batch_metrics(drawn, kept) | {
-        "accuracy": float(np.mean(log["reward"])),
-        "length": float(np.mean(log["length"])),
-        "truncation_rate": float(np.mean(log["truncated"])),
+    tokens = sum(log.lengths["grpo"])
+    metrics = _batch_metrics(drawn, kept) | log.means({"grpo": ""}) | {
         "tokens_generated": tokens,
         "tokens_per_problem": tokens / drawn,
         "token_budget_per_problem": group_size * max_new_tokens,  # paper: 12 x 8192 = 98,304
-    } | _entropy_metrics(entropy) | _grader_metrics(grader_before)
+    } | log.entropy_metrics() | _grader_metrics(grader_before)
     return Rollouts(samples, metrics)
 
 

@@ -6,6 +6,7 @@ number of good candidates in its prompt. The expected advantages are then recomp
 """
 
 import re
+import types
 
 import numpy as np
 import pytest
@@ -117,6 +118,16 @@ def test_dynamic_sampling_skips_problems_without_signal(world):
     assert m["zero_advantage_fraction"] == 0.5
     assert len(out.samples) == 2 * 24
     assert len(calls) == 4  # a second round of search + aggregation for the two replacement problems
+
+
+def test_generation_seconds_add_up_over_the_rounds_of_dynamic_sampling(world, monkeypatch):
+    """time/search_s and time/aggregation_s are the sums over every generate call of the step, each timing only its
+    own level: with a clock that advances one second per reading, two rounds give 2 s per level."""
+    clock = iter(range(1000))
+    monkeypatch.setattr(spiral, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))  # spiral's only
+    out = spiral.collect_spiral(None, None, problems_in_order("p2", "p3", "p0", "p1"), batch_problems=2,
+                                max_new_tokens=64, rng=np.random.default_rng(1))
+    assert out.metrics["time/search_s"] == out.metrics["time/aggregation_s"] == 2.0
 
 
 def test_max_draws_bounds_dynamic_sampling(world):
