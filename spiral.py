@@ -26,7 +26,8 @@ package does); every "line N" in this repository refers to this listing:
 This file runs lines 1-13 and the advantage inside line 15, and returns one `Sample` per trace with its
 advantage; train.py forms the gradient (lines 14-18). Dynamic sampling (Section 4): problems whose advantages are
 all zero give no gradient, so problems are drawn until `batch_problems` of them carry signal (or `max_draws`).
-Search traces are graded too, for logging only: their reward never enters a gradient.
+Search traces are graded too, for logging only: in SPIRAL their reward never enters a gradient. The one exception is
+the ablation `search_advantage="own"` (the paper's "Next Steps" baseline), which replaces line 13 alone.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Sample:
     sampler_logprobs: list[float]  # log pi_sampler(token), the importance ratio's denominator
     advantage: float
     role: str  # "search" (set RL, g_set), "aggregation" (standard RL, g_std) or "grpo" (the baseline)
-    reward: float | None = None  # r(x, y) of graded traces; None for search traces (never rewarded)
+    reward: float | None = None  # r(x, y) of rewarded traces; None for SPIRAL's search traces (set RL)
 
 
 @dataclass
@@ -73,17 +74,43 @@ def _lengths(completions: list[Completion]) -> np.ndarray:
     return np.array([len(c.completion_ids) for c in completions])
 
 
-def _add_entropy(total: list, completions: list[Completion]) -> None:
-    """total = [sum of per-token sampler entropies, tokens]: a token-level mean once every trace is in."""
-    for c in completions:
-        if c.entropies is not None:
-            total[0] += float(sum(c.entropies))
-            total[1] += len(c.entropies)
+class _TraceLog:
+    """What a step's metrics average over, per role ("search", "aggregation"; "grpo"): the reward, length,
+    truncation and sampler entropy of every trace of every drawn problem, kept or not, and generation seconds.
+    Logging only: nothing here enters a gradient."""
 
+    def __init__(self, roles: tuple[str, ...]):
+        self.roles = roles
+        self.rewards = {role: [] for role in roles}
+        self.lengths = {role: [] for role in roles}
+        self.truncated = {role: [] for role in roles}
+        self.entropy = {role: [0.0, 0] for role in roles}  # [sum of per-token sampler entropies, tokens]
+        self.seconds = {role: 0.0 for role in roles}
 
-def _entropy_metrics(totals: dict[str, list]) -> dict[str, float]:
-    """rollout/entropy_<role>: mean entropy per sampled token over every trace of every drawn problem (nats)."""
-    return {f"rollout/entropy_{role}": s / n for role, (s, n) in totals.items() if n}
+    @contextlib.contextmanager
+    def timed(self, role: str):
+        start = time.perf_counter()
+        yield
+        self.seconds[role] += time.perf_counter() - start
+
+    def add(self, role: str, rewards, completions: list[Completion]) -> None:
+        self.rewards[role] += [float(r) for r in rewards]
+        self.lengths[role] += _lengths(completions).tolist()
+        self.truncated[role] += [c.truncated for c in completions]
+        for c in completions:
+            if c.entropies is not None:
+                self.entropy[role][0] += float(sum(c.entropies))
+                self.entropy[role][1] += len(c.entropies)
+
+    def means(self, prefix: dict[str, str]) -> dict[str, float]:
+        """{prefix}accuracy, {prefix}length, {prefix}truncation_rate for each role (prefix: role -> "" or "search_")."""
+        return {f"{prefix[role]}{name}": float(np.mean(values[role]))
+                for name, values in (("accuracy", self.rewards), ("length", self.lengths),
+                                     ("truncation_rate", self.truncated)) for role in self.roles}
+
+    def entropy_metrics(self) -> dict[str, float]:
+        """rollout/entropy_<role>: mean entropy per sampled token over every trace of every drawn problem (nats)."""
+        return {f"rollout/entropy_{role}": s / n for role, (s, n) in self.entropy.items() if n}
 
 
 def _check_counts(**counts: int) -> None:
@@ -127,6 +154,7 @@ def collect_spiral(
     tokens_per_micro_batch: int | None = None,
     search_advantage_scale: float = 1.0,
     reward_fn: Callable[[Problem, str], float] | None = None,
+    search_advantage: str = "set",
 ) -> Rollouts:
     """Algorithm 1, lines 1-13 and line 15's advantage, for a dynamically sampled batch B.
 
@@ -136,9 +164,21 @@ def collect_spiral(
     (the appendix's two-model variant). `search_advantage_scale` multiplies A#_marg: 1/M for an unbiased set-RL
     gradient (train.py --unbiased-set-rl), 1 in the paper. `reward_fn`: the task's r(x, y) (task.py; default: the
     math grader).
+
+    `search_advantage` chooses line 13, the one line where SPIRAL differs from "GRPO plus a trained aggregator":
+      "set"  (SPIRAL)    A#_marg(x, y_j) = (1/|G(y_j)|) sum_{G in G(y_j)} A#(x, G): credit for the sets y_j is in
+      "own"  (ablation)  A(x, y_j) = r(x, y_j) - (1/N1) sum_k r(x, y_k): GRPO's advantage on y_j's own reward
+    The paper's "Next Steps" baseline ("train search traces with GRPO using their individual rewards, while
+    separately training the model to aggregate", as Venkatraman et al. 2025). Everything else is the same: the
+    aggregation traces (line 15), the sets, dynamic sampling (a problem is kept when any advantage is non-zero)
+    and train.py's loss normaliser C. `search_advantage_scale` concerns set RL only ("own" needs 1).
     """
     _check_counts(batch_problems=batch_problems, num_search=num_search, set_size=set_size, num_sets=num_sets,
                   num_aggregations=num_aggregations, max_new_tokens=max_new_tokens)
+    if search_advantage not in ("set", "own"):
+        raise ValueError(f"search_advantage must be 'set' or 'own', got {search_advantage!r}")
+    if search_advantage == "own" and search_advantage_scale != 1.0:
+        raise ValueError("search_advantage_scale (1/M of Proposition 3.1) concerns set RL only, not 'own'")
     N1, n, K, N2 = num_search, set_size, num_sets, num_aggregations
     grade = reward_fn or _math_reward
     max_draws = 4 * batch_problems if max_draws is None else max_draws
@@ -146,19 +186,14 @@ def collect_spiral(
     sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, micro_batch_size=micro_batch_size,
                     tokens_per_micro_batch=tokens_per_micro_batch)
     samples: list[Sample] = []
-    log = {key: [] for key in ("search_reward", "aggregation_reward", "search_length", "aggregation_length",
-                               "search_truncated", "aggregation_truncated")}
-    seconds = {"search": 0.0, "aggregation": 0.0}
-    entropy = {"search": [0.0, 0], "aggregation": [0.0, 0]}  # every trace of every drawn problem, kept or not
+    log = _TraceLog(("search", "aggregation"))  # metrics only; the paper's entropy figure: search traces
     drawn = kept = 0
     while kept < batch_problems and drawn < max_draws:  # dynamic sampling: draw until |B| problems carry signal
         problems = [draw_problem() for _ in range(min(batch_problems - kept, max_draws - drawn))]
         drawn += len(problems)
-        start = time.perf_counter()
-        # Line 2: y_1..y_N1 ~ pi_theta(. | x), every problem of the round in one batched call.
-        search_P_N1 = generate(model, tokenizer, [search_prompt(x.problem) for x in problems],
-                               samples_per_prompt=N1, **sampling)
-        seconds["search"] += time.perf_counter() - start
+        with log.timed("search"):  # Line 2: y_1..y_N1 ~ pi_theta(. | x), every problem of the round in one call.
+            search_P_N1 = generate(model, tokenizer, [search_prompt(x.problem) for x in problems],
+                                   samples_per_prompt=N1, **sampling)
         # Line 5: K sets of n distinct search traces, uniformly without replacement among all C(N1, n).
         sets_P_K_n = [sample_sets(N1, n, K, rng=rng) for _ in problems]
         # Lines 6-7: for each set G_l, the Aggregation Trace Prompt holding x and G_l's traces in index order.
@@ -166,56 +201,56 @@ def collect_spiral(
         for x, search_N1, sets_K_n in zip(problems, search_P_N1, sets_P_K_n):
             for G_l in sets_K_n:
                 aggregation_prompts.append(aggregation_prompt(x.problem, [search_N1[j].text for j in G_l]))
-        start = time.perf_counter()
-        with (aggregation_adapter or contextlib.nullcontext)():
+        with log.timed("aggregation"), (aggregation_adapter or contextlib.nullcontext)():
             # Line 7: y^{G_l}_1..y^{G_l}_N2 ~ pi_theta(. | x, G_l) (pi_phi in the two-model variant).
             aggregation_PK_N2 = generate(model, tokenizer, aggregation_prompts, samples_per_prompt=N2, **sampling)
-        seconds["aggregation"] += time.perf_counter() - start
 
         for i, x in enumerate(problems):
             search_N1 = search_P_N1[i]
             aggregation_KN2 = [c for row in aggregation_PK_N2[i * K:(i + 1) * K] for c in row]  # set by set
             # Line 8's rewards r(x, y^{G_l}_i): the only rewards that train anything.
             rewards_K_N2 = np.array([grade(x, c.text) for c in aggregation_KN2]).reshape(K, N2)
+            search_rewards_N1 = np.array([grade(x, c.text) for c in search_N1])  # SPIRAL: logging only
             # Lines 8-13 (set scores, baseline, set and marginal advantages) and line 15's advantage.
             search_adv_N1, aggregation_adv_K_N2 = spiral_advantages(sets_P_K_n[i], rewards_K_N2, N1)
-            search_adv_N1 = search_adv_N1 * search_advantage_scale  # 1/M: E[g_set] = the set-RL gradient
+            if search_advantage == "set":
+                search_adv_N1 = search_adv_N1 * search_advantage_scale  # 1/M: E[g_set] = the set-RL gradient
+            else:  # the ablation's line 13: each search trace on its own reward, centred within the problem
+                search_adv_N1 = group_advantages(search_rewards_N1)
             if target_length is not None:  # appendix, eq. length-aware-advantage, on both levels
                 search_adv_N1 = length_aware(search_adv_N1, _lengths(search_N1), target_length)
                 aggregation_adv_K_N2 = length_aware(aggregation_adv_K_N2,
                                                     _lengths(aggregation_KN2).reshape(K, N2), target_length)
-            log["search_reward"] += [grade(x, c.text) for c in search_N1]  # logging only
-            log["aggregation_reward"] += rewards_K_N2.ravel().tolist()
-            log["search_length"] += _lengths(search_N1).tolist()
-            log["aggregation_length"] += _lengths(aggregation_KN2).tolist()
-            log["search_truncated"] += [c.truncated for c in search_N1]
-            log["aggregation_truncated"] += [c.truncated for c in aggregation_KN2]
-            _add_entropy(entropy["search"], search_N1)  # the paper's entropy figure: search traces only
-            _add_entropy(entropy["aggregation"], aggregation_KN2)
+            log.add("search", search_rewards_N1, search_N1)
+            log.add("aggregation", rewards_K_N2.ravel(), aggregation_KN2)
             if not (np.any(search_adv_N1 != 0) or np.any(aggregation_adv_K_N2 != 0)):
                 continue  # dynamic sampling: this problem gives no gradient
             kept += 1
-            samples += [_sample(c, a, "search") for c, a in zip(search_N1, search_adv_N1)]
+            search_reward_N1 = search_rewards_N1 if search_advantage == "own" else [None] * N1
+            samples += [_sample(c, a, "search", r) for c, a, r in zip(search_N1, search_adv_N1, search_reward_N1)]
             samples += [_sample(c, a, "aggregation", r) for c, a, r in
                         zip(aggregation_KN2, aggregation_adv_K_N2.ravel(), rewards_K_N2.ravel())]
 
-    tokens = sum(log["search_length"]) + sum(log["aggregation_length"])
-    metrics = _batch_metrics(drawn, kept) | {
-        "search_accuracy": float(np.mean(log["search_reward"])),
-        "aggregation_accuracy": float(np.mean(log["aggregation_reward"])),
-        "search_length": float(np.mean(log["search_length"])),
-        "aggregation_length": float(np.mean(log["aggregation_length"])),
-        "search_truncation_rate": float(np.mean(log["search_truncated"])),
-        "aggregation_truncation_rate": float(np.mean(log["aggregation_truncated"])),
-        "time/search_s": seconds["search"],
-        "time/aggregation_s": seconds["aggregation"],
+    return Rollouts(samples, _spiral_metrics(log, drawn, kept, N1, n, K, N2, max_new_tokens, search_advantage_scale,
+                                             grader_before))
+
+
+def _spiral_metrics(log: _TraceLog, drawn: int, kept: int, N1: int, n: int, K: int, N2: int, max_new_tokens: int,
+                    search_advantage_scale: float, grader_before: dict[str, int]) -> dict[str, float]:
+    """collect_spiral's metrics: per level, means over every trace of every drawn problem; tokens per problem."""
+    search_tokens, aggregation_tokens = sum(log.lengths["search"]), sum(log.lengths["aggregation"])
+    tokens = search_tokens + aggregation_tokens
+    return _batch_metrics(drawn, kept) | log.means({"search": "search_", "aggregation": "aggregation_"}) | {
+        "time/search_s": log.seconds["search"],
+        "time/aggregation_s": log.seconds["aggregation"],
         "tokens_generated": tokens,
-        "tokens_per_problem": tokens / drawn,
+        "tokens_per_problem": tokens / drawn,  # generated per drawn problem, against the maximum below
+        "tokens_per_problem_search": search_tokens / drawn,
+        "tokens_per_problem_aggregation": aggregation_tokens / drawn,
         "token_budget_per_problem": (N1 + K * N2) * max_new_tokens,  # paper: (8 + 16) x 4096 = 98,304
         "gradient_scale_M": gradient_scale(N1, n, K),  # Proposition 3.1: E[g_set] = M x the set-RL gradient
         "search_advantage_scale": search_advantage_scale,
-    } | _entropy_metrics(entropy) | _grader_metrics(grader_before)
-    return Rollouts(samples, metrics)
+    } | log.entropy_metrics() | _grader_metrics(grader_before)
 
 
 def collect_grpo(
@@ -244,8 +279,7 @@ def collect_grpo(
     grade = reward_fn or _math_reward
     grader_before = grader_stats()
     samples: list[Sample] = []
-    log = {"reward": [], "length": [], "truncated": []}
-    entropy = {"grpo": [0.0, 0]}  # every trace of every drawn problem: comparable with SPIRAL's search traces
+    log = _TraceLog(("grpo",))  # its entropy is comparable with SPIRAL's search traces
     drawn = kept = 0
     while kept < batch_problems and drawn < max_draws:  # dynamic sampling, as for SPIRAL
         problems = [draw_problem() for _ in range(min(batch_problems - kept, max_draws - drawn))]
@@ -258,24 +292,18 @@ def collect_grpo(
             adv_G = group_advantages(rewards_G)
             if target_length is not None:
                 adv_G = length_aware(adv_G, _lengths(group), target_length)
-            log["reward"] += rewards_G.tolist()
-            log["length"] += _lengths(group).tolist()
-            log["truncated"] += [c.truncated for c in group]
-            _add_entropy(entropy["grpo"], group)
+            log.add("grpo", rewards_G, group)
             if not np.any(adv_G != 0):
                 continue
             kept += 1
             samples += [_sample(c, a, "grpo", r) for c, a, r in zip(group, adv_G, rewards_G)]
 
-    tokens = sum(log["length"])
-    metrics = _batch_metrics(drawn, kept) | {
-        "accuracy": float(np.mean(log["reward"])),
-        "length": float(np.mean(log["length"])),
-        "truncation_rate": float(np.mean(log["truncated"])),
+    tokens = sum(log.lengths["grpo"])
+    metrics = _batch_metrics(drawn, kept) | log.means({"grpo": ""}) | {
         "tokens_generated": tokens,
         "tokens_per_problem": tokens / drawn,
         "token_budget_per_problem": group_size * max_new_tokens,  # paper: 12 x 8192 = 98,304
-    } | _entropy_metrics(entropy) | _grader_metrics(grader_before)
+    } | log.entropy_metrics() | _grader_metrics(grader_before)
     return Rollouts(samples, metrics)
 
 

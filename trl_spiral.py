@@ -263,7 +263,7 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
                 max_draws=len(problems) if several else (cfg.max_draws or 4 * len(problems)),
                 micro_batch_size=cfg.generation_batch_size, tokens_per_micro_batch=cfg.generation_tokens,
                 search_advantage_scale=1 / train.gradient_scale_M(cfg) if cfg.unbiased_set_rl else 1.0,
-                reward_fn=self.spiral_reward)
+                search_advantage=cfg.search_advantage, reward_fn=self.spiral_reward)
         seconds = time.perf_counter() - start
         self.last_rollouts = rollouts
 

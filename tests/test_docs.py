@@ -158,3 +158,14 @@ def test_every_documented_flag_is_accepted(script):
         pytest.skip(f"{script} needs an engine that is not installed here (.ci/engines checks it)")
     unknown = sorted(flag for flag in commands_by_script()[script] if flag not in text and flag != "--help")
     assert not unknown, f"the documents pass {script} flags its --help does not list: {unknown}"
+
+
+@pytest.mark.parametrize("shipped, anchor", [("benchmarks/second_task.md", "**SPIRAL against GRPO**"),
+                                             ("benchmarks/set_rl.md", "## What set RL adds")])
+def test_experiments_carry_the_shipped_tables_as_the_scripts_wrote_them(shipped, anchor):
+    """Every table row the script wrote into its shipped Markdown appears, in order, in EXPERIMENTS.md's section: a
+    regenerated result that was not copied over (or a hand-edited cell) fails here."""
+    rows = [line.strip() for line in (ROOT / shipped).read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+    text = (ROOT / "EXPERIMENTS.md").read_text(encoding="utf-8")
+    section = [line.strip() for line in text[text.index(anchor):].splitlines() if line.startswith("|")]
+    assert rows and section[:len(rows)] == rows
