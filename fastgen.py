@@ -456,7 +456,7 @@ def sample_micro_batch(model, prompt_ids: list[list[int]], copies: int, max_new_
     s.start(shape, [len(ids) for ids in prompt_ids], temperature, eos_ids, w.kv_heads)
     call.cache.clear_suffix()
     check_every = STOP_CHECK_EVERY if engine.cuda else 1  # a CPU stops when HF generate does
-    with attention_backends():  # no cuDNN attention: it crashes on H100s (issue 18)
+    with attention_backends():  # no cuDNN attention: it crashes on H100s
         logits = prefill(w, call.cache, prompt_ids, shape, pad_id).repeat_interleave(copies, dim=0)  # (B, V)
         s.record(s.t.view(1), *sample(logits, s.temperature))  # column 0 (s.t is 0)
         steps = 1  # columns sampled so far

@@ -27,7 +27,7 @@ ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION
 def attention_backends():
     """A context in which scaled_dot_product_attention may use flash, memory-efficient or math attention, never
     cuDNN attention: on an H100 (torch 2.11, cu130) cuDNN's kernel fails mid-generation ("mha_graph.execute ...
-    is_good()", issue 18), and torch picks it by default there. Same results on a CPU, where cuDNN never runs."""
+    is_good()"), and torch picks it by default there. Same results on a CPU, where cuDNN never runs."""
     return sdpa_kernel(ATTENTION_BACKENDS)
 
 

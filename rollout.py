@@ -427,7 +427,7 @@ def _sample_micro_batch(model, prompt_ids, copies, max_new_tokens, temperature, 
     prompt_length = input_ids.shape[1]
     extra = {}
     if share_prefix and copies > 1 and prompt_length > 1:
-        with attention_backends():  # no cuDNN attention: it crashes on H100s (issue 18)
+        with attention_backends():  # no cuDNN attention: it crashes on H100s
             cache = _prefill_shared_prefix(model, input_ids, attention_mask, copies)
         if cache is not None:
             extra[cache_keyword(model)] = cache

@@ -39,7 +39,7 @@ layout reaches it as the decoder's attention mask (transformers 5.x passes a dic
 unchanged and builds no mask of its own) and the positions as packed position_ids. Where a model does not follow
 that contract (sliding-window layers, an architecture that builds its own mask), `unsupported(model)` says why
 (a one-time numeric probe against the per-sample path) and train.py trains per sample. Prior art: Unsloth's
-PrefixGrouper (GRPO), NeMo-RL's shared-prefix training, TRL's open request (issue 3549).
+PrefixGrouper (GRPO), NeMo-RL's shared-prefix training, TRL's open request (huggingface/trl issue 3549).
 """
 
 from __future__ import annotations

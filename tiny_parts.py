@@ -1,4 +1,4 @@
-"""The second tiny CPU task, "parts": a set of traces knows more than one trace (issue 21).
+"""The second tiny CPU task, "parts": a set of traces knows more than one trace.
 
 "What is 352 + 416?" for three-digit numbers whose digit sums never carry, so the answer's three digits are three
 independent parts (3+4, 5+1, 2+6). The warm start imitates a noisy solver that gets each digit right with

@@ -133,7 +133,7 @@ class TrainConfig:
                                                        "support it); per-sample: one row per sample, the reference")
     learner_attention: Literal["cudnn", "flash"] = option("cudnn", "the learner's attention kernel on a GPU: cudnn "
                                                           "(flash where cuDNN cannot run) or flash; sampling keeps "
-                                                          "its own (no cuDNN: it crashed there, issue 18)")
+                                                          "its own (no cuDNN: it crashed there)")
     keep_attention_outputs: bool = option(False, "with --gradient-checkpointing, keep each layer's attention "
                                                  "output instead of recomputing it in the backward (Qwen3-4B: "
                                                  "+6.5 GB at 21.7k tokens, computed)")
@@ -423,7 +423,8 @@ def train(cfg: TrainConfig, problems, reward_fn=None) -> None:
     if cfg.plot and figures.plot_training(metrics_path, os.path.join(cfg.out, "metrics.png")):
         print(f"train.py: wrote {os.path.join(cfg.out, 'metrics.png')}")
     rows = checkpoint.read_metrics(metrics_path)
-    print(f"train.py: done; adapter in {os.path.join(cfg.out, 'adapter')}\n"  # the table last: the README's demo shows it
+    # the table last: the README's demo shows it
+    print(f"train.py: done; adapter in {os.path.join(cfg.out, 'adapter')}\n"
           f"train.py: {figures.generated_tokens_line(rows, cfg.algo == 'spiral', budget_line(cfg))}\n"
           + figures.first_last_table(rows))
 

@@ -1,6 +1,6 @@
 """Memory and speed of SPIRAL-ref at the 4B scale on one GPU, and of the chunked log-probs on CPU.
 
-What it measures (issue 7), always through the project's own code paths (rollout.generate, spiral.collect_*,
+What it measures, always through the project's own code paths (rollout.generate, spiral.collect_*,
 lora.add_lora / completion_logprobs / accumulate_gradients / train_step), on Qwen3-4B's architecture built from
 its published configuration with RANDOM weights (no download). Random weights almost never emit an EOS (3 of
 151,936 ids), so sequences run to their maximum length: a worst case.

@@ -263,7 +263,7 @@ def measure_spiral_step(model, tokenizer, scale: Scale, device: str, floors: dic
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Issue 33's figures: the learner's variants, train.py's aggregation call, one train.py step. Each prints the step
+# The learner's figures: its variants, train.py's aggregation call, one train.py step. Each prints the step
 # model's prediction (benchmarks/step_model.py, fitted on an H100) beside the measurement at the 4B size.
 
 

@@ -1,4 +1,4 @@
-"""Decode benchmarks of fastgen.py (issue 25): KV bytes a decode step reads, and on a GPU tokens/s against two floors.
+"""Decode benchmarks of fastgen.py: KV bytes a decode step reads, and on a GPU tokens/s against two floors.
 
 Definitions (per decode step s = 1..steps-1, B = P x copies rows, prompts of lengths L_p, kv = bytes per token):
   unique KV bytes     = kv x (sum_p L_p + B x s)            each prompt once, each row's filled suffix once
@@ -6,7 +6,7 @@ Definitions (per decode step s = 1..steps-1, B = P x copies rows, prompts of len
   fastgen reads       = kv x (P x n_chunks x chunk + B x round_up(s, SUFFIX_BUCKET))   (CallShape; counted)
   fastgen at 7eca28c  = kv x B x round_up(max L + max_new_tokens, 64)                  (whole cache, every step)
   unique floor        = sum_s (weights + unique KV bytes) / copy bandwidth + prefill FLOPs / matmul rate
-  per-row floor       = the same with per-row KV bytes (benchmarks/README.md's floor of row 2 before issue 25)
+  per-row floor       = the same with per-row KV bytes (row 2's floor in benchmarks/README.md before the cascade)
 "Counted" is measured: `count_attention_bytes` wraps fastgen's calls of attention.attend and adds up the bytes of
 the K and V it is handed, while the real decode step runs (on a CPU, or on the meta device at the 4B shape, where
 no arithmetic happens: the same code path, shapes only).
@@ -567,7 +567,7 @@ def main(argv=None) -> int:
             for key, extra in (("train", []), ("train_cudnn", [SDPBackend.CUDNN_ATTENTION] if cuda else [])):
                 saved = logprobs.ATTENTION_BACKENDS
                 logprobs.ATTENTION_BACKENDS = extra + list(saved)
-                try:  # cuDNN attention crashed on H100s in generation (issue 18): an error is recorded
+                try:  # cuDNN attention crashed on H100s in generation: an error is recorded
                     recorded(results, key, lambda: bench.measure_train_step(model, tokenizer, scale, device, floors),
                              save)
                 finally:

@@ -1,4 +1,4 @@
-"""The open GPU figures (issue 33), most important first, within one device session's budget.
+"""The open GPU figures, most important first, within one device session's budget.
 
     python benchmarks/on_gpu.py OUT_DIR                    # the plan below on a CUDA GPU, within --budget-s (570 s)
     python benchmarks/on_gpu.py OUT_DIR fastgen train      # some steps, in the order given

@@ -1,4 +1,4 @@
-"""SPIRAL against GRPO at equal token budget on the second CPU task (tiny_parts.py, issue 21), over several seeds.
+"""SPIRAL against GRPO at equal maximum token budget on the second CPU task (tiny_parts.py), over several seeds.
 
 For each algorithm and seed: `python train.py --preset tiny_parts --algo ALGO --seed S [--steps N]` (reused when
 a run with exactly these settings has finished, resumed when one stopped part-way, refused when the run directory

@@ -45,7 +45,7 @@ LORA_PARAMS = 33_030_144  # rank 32 on q, k, v, o, gate, up, down of 36 layers
 AMPLIFICATION = {"search": 1.064, "aggregation": 1.052}  # KV bytes read / unique bytes, counted (README row 8)
 SEARCH_PROMPT, AGGREGATION_PROMPT, NEW_TOKENS = 1031, 17_596, 4096  # the measured rows' prompt lengths
 LINEAR_EFFICIENCY = 0.81  # dense matmuls of the learner against the 8192^3 matmul floor (assumed)
-AGG_PROMPTS_PER_CALL = 13  # what rollout.generate plans for 17.6k-token prompts x 4 on an 80 GB card (issue 33)
+AGG_PROMPTS_PER_CALL = 13  # what rollout.generate plans for 17.6k-token prompts x 4 on an 80 GB card
 
 
 def _load(name: str) -> dict:

@@ -1,4 +1,4 @@
-"""Sampling's attention runs with cuDNN attention switched off (issue 18: on an H100 torch picks cuDNN's SDPA kernel
+"""Sampling's attention runs with cuDNN attention switched off (on an H100 torch picks cuDNN's SDPA kernel
 by default, and it fails mid-generation); the learner runs under its own choice (--learner-attention: cuDNN or flash
 on a GPU, never the memory-efficient kernel a padded mask forces). A CPU never runs cuDNN, so these tests read
 torch's backend switches from inside the model's attention, during sampling (both engines, with and without the

@@ -334,7 +334,7 @@ def test_gpu_part_refuses_without_cuda(bench, monkeypatch, capsys):
 
 
 def test_a_saved_random_model_trains_through_the_users_own_command(bench, tmp_path, capsys):
-    """Issue 10's plan on a GPU: `bench.py --save-model DIR` (4B with random weights), then `python train.py --model
+    """The 4B plan on a GPU: `bench.py --save-model DIR` (4B with random weights), then `python train.py --model
     DIR`. Here at toy size on CPU: the directory loads through train.py's own path and a SPIRAL step runs."""
     model_dir = tmp_path / "toy-model"
     assert bench.main(["--size", "toy", "--device", "cpu", "--save-model", str(model_dir)]) == 0
@@ -475,7 +475,7 @@ def test_row7_decode_part_from_the_command_line(bench, rows, toy, monkeypatch, t
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The learner (issue 33): the GPU rows on the toy model, the step model, the meta-device count
+# The learner: the GPU rows on the toy model, the step model, the meta-device count
 
 
 def test_learner_rows_run_every_variant_and_count_the_group_s_flops(bench, rows, toy, scale, capsys):

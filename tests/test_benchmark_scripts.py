@@ -1,5 +1,5 @@
-"""The benchmark scripts (benchmarks/reproduce.py, second_task.py and their runner.py) keep what a user made
-(issue 27): --help and typos run nothing; a run directory is reused only when it holds exactly the run asked for;
+"""The benchmark scripts (benchmarks/reproduce.py, second_task.py and their runner.py) keep what a user made:
+--help and typos run nothing; a run directory is reused only when it holds exactly the run asked for;
 outputs are checked before any work; the README and the shipped results are rewritten only when named; trainings
 run a few at a time and a failure stops the rest."""
 

@@ -1,4 +1,4 @@
-"""The bf16 path on a CPU (issue 14): --dtype bfloat16 loads the policy in bf16, a SPIRAL step trains the fp32 LoRA
+"""The bf16 path on a CPU: --dtype bfloat16 loads the policy in bf16, a SPIRAL step trains the fp32 LoRA
 masters with finite gradients, the sampler's and the learner's log-probs agree to bf16 precision (importance ratio
 near 1), and the adapters save and load; so a dtype mismatch shows here, not first on a GPU."""
 

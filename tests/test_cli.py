@@ -1,4 +1,4 @@
-"""cli.py's bounds at their edges (issue 28): each check refuses the first bad value and accepts the last good one, so
+"""cli.py's bounds at their edges: each check refuses the first bad value and accepts the last good one, so
 an off-by-one (`<` for `<=`), a check over the wrong element of a list or a term dropped from a sum fails here.
 Validation only: no model is loaded, nothing is trained.
 

@@ -35,7 +35,7 @@ def run(*args, timeout=600):
 def test_kv_bytes_counted_at_the_4b_shape_and_prefill_memory(tmp_path):
     """Counted bytes equal the byte model at three steps of each call; fastgen reads at most 1.07x the unique KV
     bytes (search: 8 x 8 rows of 1,054-token prompts; aggregation: 4 x 4 of 17,596), the old fastgen 2.4x and 3.4x;
-    the prefill of 5 aggregation prompts stays under 3 GB beyond the weights and the cache (issue 25: the old one
+    the prefill of 5 aggregation prompts stays under 3 GB beyond the weights and the cache (the old one
     built a 2.5 GB bias and a 9.9 GB copy per layer for 4)."""
     out = tmp_path / "bytes.json"
     proc = run("benchmarks/decode.py", "--bytes", "--json", str(out))

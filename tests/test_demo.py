@@ -1,4 +1,4 @@
-"""The CPU demo (issue 6): the tiny task has the properties SPIRAL needs, the warm start that ships in
+"""The CPU demo: the tiny task has the properties SPIRAL needs, the warm start that ships in
 data/tiny_warmstart/ is reproducible, and `python train.py --preset tiny` visibly learns (slow; CI runs it)."""
 
 import json
@@ -127,7 +127,7 @@ def test_warm_start_has_the_properties_spiral_needs(one_thread):
 
 @pytest.mark.slow
 def test_tiny_preset_learns(tmp_path):
-    """Issue 6: `python train.py --preset tiny` logs search and aggregation accuracy at every step once, and averaged
+    """`python train.py --preset tiny` logs search and aggregation accuracy at every step once, and averaged
     over the first vs the last 10% of steps aggregation accuracy rises by at least 0.2, ending above search accuracy.
     Fixed seed: the run is deterministic. (Its wall time, ~3 minutes on 2 cores, is printed, not asserted: timing
     goals belong in benchmarks, not in tests.)"""

@@ -1,4 +1,4 @@
-"""evaluate.py's bookkeeping, each test written against a bug a careful engineer could make (issue 28): majority@k's
+"""evaluate.py's bookkeeping, each test written against a bug a careful engineer could make: majority@k's
 subsets drawn per problem, grader statistics per policy, calls planned on the whole request, and the cache's
 identity of a policy (the lock's order is in tests/test_user_files.py)."""
 

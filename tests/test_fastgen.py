@@ -246,7 +246,7 @@ def test_reference_sampling_casts_the_adapter_once_per_call(adapted, tokenizer):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Issue 25: the cascade cache, buckets, persistence; issue 28: the bugs a careful engineer could make here
+# The cascade cache, buckets, persistence; the bugs a careful engineer could make here
 
 
 def same_completions(fast, ref, atol=1e-5):
@@ -380,7 +380,8 @@ def test_rows_per_call_fits_the_budget():
 
 def test_train_with_the_fast_engine_follows_the_reference_trajectory(tmp_path):
     """train.py --generation fast on a CPU: the same tokens as --generation hf step after step (the random stream
-    consumed identically), so the same metrics up to float rounding (issue 27: 0.25 against 0.30 at step 1)."""
+    consumed identically), so the same metrics up to float rounding (a bug here once gave 0.25 against 0.30
+    at step 1)."""
     import json
 
     import train

@@ -1,4 +1,4 @@
-"""The grader under interruption, fork, stalls and start-up failures (issue 12, item 1): it is never wrong afterwards,
+"""The grader under interruption, fork, stalls and start-up failures: it is never wrong afterwards,
 never raises inside training, and counts every comparison it could not grade."""
 
 import json

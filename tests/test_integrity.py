@@ -1,4 +1,4 @@
-"""Hostile input to the data loader, evaluate.py and the grader (issues 19 and 22): devices and FIFOs as --data, huge
+"""Hostile input to the data loader, evaluate.py and the grader: devices and FIFOs as --data, huge
 integers, --out that os.access would pass, one writer per result, the prompt-length filter, diverged adapters, an
 unreachable Hub, an adapter copied away from its run, grader timeouts reported, and verdicts that do not depend on
 how busy the machine is. The train.py cases are in tests/test_reliability.py."""

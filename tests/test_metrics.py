@@ -1,4 +1,4 @@
-"""Training metrics (issue 14): line 18's |B| is the number of problems kept, also when max_draws ends a step early;
+"""Training metrics: line 18's |B| is the number of problems kept, also when max_draws ends a step early;
 and metrics.png is a dashboard of the curves that tell whether training works, for SPIRAL, GRPO and two models."""
 
 import json

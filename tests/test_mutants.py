@@ -1,4 +1,4 @@
-"""Behaviours a mutation review found unpinned (issue 19): each test fails on the plausible bug named in its
+"""Behaviours a mutation review found unpinned: each test fails on the plausible bug named in its
 docstring, and each was seen failing with that bug planted.
 
 Algorithm 1's gradient as a token sum over the constant C at T != 1; the loop's temperature and |B| with a problem

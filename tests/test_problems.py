@@ -132,7 +132,7 @@ def test_hub_dataset_is_read_like_a_local_file(monkeypatch, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Edges a plausible bug would get wrong (issue 28)
+# Edges a plausible bug would get wrong
 
 
 @pytest.mark.parametrize("answer", [True, False])

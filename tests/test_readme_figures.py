@@ -1,4 +1,4 @@
-"""The README's demo figures hold on any machine (issue 27): a fresh run of the README's commands, with a seed that
+"""The README's demo figures hold on any machine: a fresh run of the README's commands, with a seed that
 is not among the table's, lands inside the range the README states for every figure that comes from training: the
 99% prediction interval of one new run from n seeds, mean ± max(t(n-1) sd sqrt(1 + 1/n), 0.02); the warm start's
 column, which involves no training, to 0.01. The same for the second task's table. Each test reports every cell out
@@ -129,7 +129,8 @@ def second_task_table() -> dict[str, dict[str, str]]:
     """{policy label: {column: cell}} of EXPERIMENTS.md's table under "SPIRAL against GRPO" (tiny_parts)."""
     with open(os.path.join(ROOT, "EXPERIMENTS.md"), encoding="utf-8") as f:
         text = f.read()
-    lines = [line.strip() for line in text[text.index("**SPIRAL against GRPO**"):].splitlines() if line.startswith("| ")]
+    section = text[text.index("**SPIRAL against GRPO**"):]
+    lines = [line.strip() for line in section.splitlines() if line.startswith("| ")]
     start = next(i for i, line in enumerate(lines) if line.startswith("| policy | pass@1 |"))
     header = [c.strip() for c in lines[start].strip("|").split("|")]
     rows = {}

@@ -1,4 +1,4 @@
-"""train.py against a hostile-but-fair user (issue 12): every bad input is one line naming the flag or file, exit code
+"""train.py against a hostile-but-fair user: every bad input is one line naming the flag or file, exit code
 2, nothing on disk touched; --overwrite and --resume never lose a user's work; crashes, kills, torn and corrupted files
 resume to exactly the run an unbroken one makes; a diverged step stops the run with the last good checkpoint kept.
 
@@ -163,7 +163,7 @@ BAD_INPUTS = {  # argv (after SMALL; {run} is a 1-step run directory, {tmp} its 
     "resume and overwrite": (["--out", "{run}", "--resume", "--overwrite"], "exclude each other"),
     "resume an empty dir": (["--out", "{tmp}/empty_model", "--resume"], "--resume: no checkpoint in"),
     "resume changes lr": (["--out", "{run}", "--resume", "--lr", "0.1"], "--lr 0.1 differs"),
-    # issue 22 / 19: --out that os.access would pass for root, a file, unbounded counts
+    # --out that os.access would pass for root, a file, unbounded counts
     "out empty": (["--out", ""], "--out '': an empty path"),
     "out in /proc": (["--out", "/proc/spiral-run"], "/proc is not writable"),
     "out is a file, overwrite": (["--out", "{tmp}/surrogate.jsonl", "--overwrite"], "is a file, not a run directory"),
@@ -450,7 +450,7 @@ def test_train_step_takes_no_non_finite_step():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The run directory (issue 22): what a save deletes, one writer, a resume that knows its data
+# The run directory: what a save deletes, one writer, a resume that knows its data
 
 
 def test_a_save_keeps_what_the_user_put_in_checkpoint(world, run):

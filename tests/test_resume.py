@@ -1,5 +1,5 @@
 """The order of a checkpoint's writes, the run directory's lock across --overwrite, the data position and its
-fingerprint, and which settings a resume may change (issue 28). Each test names the bug it was seen failing on.
+fingerprint, and which settings a resume may change. Each test names the bug it was seen failing on.
 
 Mostly unit tests of checkpoint.py and train.ProblemStream; two short train.py runs on the code-built tiny policy
 (with the pseudo-random reward of tests/test_checkpoint.py) for the resume of a run that dropped a long problem."""

@@ -205,7 +205,7 @@ def test_extract_answer_matches_a_slow_scan():
     check()
 
 
-# Hedges: a box holding several answers scores 0 (issue 12, item 7), while every legitimate format still scores 1.
+# Hedges: a box holding several answers scores 0, while every legitimate format still scores 1.
 @pytest.mark.parametrize(
     "answer, gold",
     [

@@ -311,7 +311,7 @@ def test_micro_batches_fit_the_token_budget(tiny, monkeypatch):
 
 def test_generate_passes_the_cache_without_a_deprecation_warning(tiny):
     """The shared-prefix prefill hands its cache to `generate` under the model's own keyword ("cache" in
-    transformers 5.2x, "past_key_values" before), so no FutureWarning is printed on every run (issue 19)."""
+    transformers 5.2x, "past_key_values" before), so no FutureWarning is printed on every run."""
     import inspect
     import warnings
 

@@ -1,4 +1,4 @@
-"""The second CPU task (issue 21, tiny_parts.py): generator and grader, the noisy solver and the plurality
+"""The second CPU task (tiny_parts.py): generator and grader, the noisy solver and the plurality
 aggregator it imitates, the shipped files, the warm start's measured property (a set knows more than a trace), and
 a short run of each algorithm on `--preset tiny_parts`."""
 
@@ -161,7 +161,7 @@ def test_benchmark_table_reports_mean_spread_and_range_over_seeds():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# measure() and the warm start's loss and aggregation target, against bugs a careful engineer could make (issue 28)
+# measure() and the warm start's loss and aggregation target, against bugs a careful engineer could make
 
 
 def test_measure_counts_each_figure_as_its_docstring_defines(monkeypatch):

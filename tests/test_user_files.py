@@ -1,4 +1,4 @@
-"""No script destroys what a user made (issue 27): every script parses its arguments before it does anything
+"""No script destroys what a user made: every script parses its arguments before it does anything
 (--help prints and exits), checks its outputs before any work, replaces a warm start, a shipped result or a user's
 file only when told, takes and deletes only the lock files it made, and reports a dangling link, a linked run entry
 or a full disk in one line with nothing half-written left behind."""
