@@ -76,11 +76,18 @@ def _wait_or_kill(proc: subprocess.Popen, seconds: float) -> None:
         proc.wait()
 
 
+def _sigint_at_default() -> None:
+    """Popen's preexec_fn: a step takes the SIGINT that tells it to stop. Why: on_gpu.py started in the background
+    (`nohup ... &`, a device session's script) inherits SIGINT ignored, and exec would pass that on to its steps.
+    (benchmarks/runner.py has the same; importing it here would load torch.)"""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run(cmd: list[str], log, limit_s: float):
     """Run one command, output to `log`: its exit status, or "timeout". In its own session, so that a terminal's
     Ctrl-C reaches it once, forwarded from here, while this process records what it wrote."""
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_sigint_at_default)
     try:
         return proc.wait(timeout=max(1.0, limit_s))
     except subprocess.TimeoutExpired:

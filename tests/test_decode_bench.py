@@ -147,7 +147,7 @@ def test_ctrl_c_is_one_line_exit_130_and_the_step_writes_its_own_line_first(tmp_
     out = tmp_path / "figures"
     driver = DRIVER.format(child=CHILD, limit=300, out=str(out))
     proc = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a terminal's
     assert _started(out / "learner.log", proc), proc.communicate()
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
@@ -161,10 +161,14 @@ def test_ctrl_c_is_one_line_exit_130_and_the_step_writes_its_own_line_first(tmp_
 
 
 def test_a_step_past_its_limit_is_told_to_stop_writes_its_line_and_the_next_step_runs(tmp_path):
+    """Even when on_gpu.py was started with SIGINT ignored (`nohup ... &`, a CI job; a terminal is the easy case):
+    exec keeps an ignored signal, so its steps would ignore the SIGINT that tells them to stop unless on_gpu.py
+    restores it for them."""
     out = tmp_path / "figures"
     driver = DRIVER.format(child=CHILD, limit=3, out=str(out))
     proc = subprocess.run([sys.executable, "-c", driver.replace("'fastgen'", "'fastgen', '--budget-s', '200'")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     summary = json.loads((out / "gpu.json").read_text())
     assert summary["steps"]["learner"]["rc"] == "timeout", summary
     assert "[child] interrupted; results so far saved" in summary["steps"]["learner"]["result_lines"]
