@@ -227,6 +227,25 @@ def _trl_run(out, checkpoints=(), **settings):
     return cfg
 
 
+def test_a_resume_continues_the_set_draws_and_the_redraws_where_the_checkpoint_left_them(trainer, tmp_path):
+    """load_spiral_state: this process's entry of spiral_state.json (JSON, as the callback writes it) puts both
+    streams back, so the draws after it are those an unbroken run makes."""
+    saved = trainer.spiral_state()
+    (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "checkpoint-3" / trl_spiral.STATE_FILE).write_text(json.dumps({"processes": [saved]}))
+    draws = trainer._np_rng.random(4)
+    for _ in range(3):
+        trainer._redraw()
+    after = trainer.spiral_state()
+    assert after != saved
+    trainer.load_spiral_state(str(tmp_path / "checkpoint-3"))
+    assert trainer.spiral_state() == saved
+    assert np.array_equal(trainer._np_rng.random(4), draws)
+    for _ in range(3):
+        trainer._redraw()
+    assert trainer.spiral_state() == after
+
+
 def test_resume_takes_the_newest_complete_checkpoint_by_step(tmp_path):
     """--resume_from_checkpoint true: the checkpoint-N of the largest N (checkpoint-10 after checkpoint-9, not string
     order) among those holding spiral_state.json (a checkpoint TRL wrote before the run stopped is not one)."""
@@ -527,8 +546,9 @@ if rank == 0:
     trl_spiral.write_json_atomic({out!r} + "/checkpoint-1/" + trl_spiral.STATE_FILE, {{"processes": states}})
 torch.distributed.barrier()
 trainer._np_rng.random(5)
+trainer._redraw()
 trainer.load_spiral_state({out!r} + "/checkpoint-1")
-resumed = trainer.spiral_state()["numpy"] == states[rank]["numpy"]
+resumed = trainer.spiral_state() == states[rank]
 if rank == 0:
     trainer.model.zero_grad(set_to_none=True)
     kept = sum(m["problems_kept"] for m in metrics)
