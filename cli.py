@@ -118,6 +118,9 @@ def validate(cfg, resume_flag: str = "--resume") -> list:
         need(ok, name, getattr(cfg, name), what)
     if cfg.dtype not in ("auto", *rollout.DTYPES):  # argparse checks the flag; this, a resumed config.json
         raise ConfigError(f"--dtype {cfg.dtype}: expected auto, bfloat16 or float32")
+    search_advantage = getattr(cfg, "search_advantage", "set")  # trl_spiral.py's config may not have the field
+    if search_advantage not in ("set", "own"):
+        raise ConfigError(f"--search-advantage {search_advantage}: expected set or own")
     if cfg.algo == "spiral":
         if cfg.set_size > cfg.num_search:
             raise ConfigError(f"--set-size {cfg.set_size} is larger than --num-search {cfg.num_search}")
@@ -128,6 +131,10 @@ def validate(cfg, resume_flag: str = "--resume") -> list:
         if cfg.unbiased_set_rl and setsample.gradient_scale(cfg.num_search, cfg.set_size, cfg.num_sets) == 0:
             raise ConfigError(f"--unbiased-set-rl: M = 0 for --num-sets {cfg.num_sets} (K = 1 or N1 = n: the search "
                               "traces get no set-RL gradient to rescale)")
+        if cfg.unbiased_set_rl and search_advantage == "own":
+            raise ConfigError("--unbiased-set-rl rescales the set-RL advantage; --search-advantage own has none")
+    elif search_advantage != "set":
+        raise ConfigError("--search-advantage own needs --algo spiral (GRPO has no search/aggregation split)")
     elif cfg.separate_aggregator or cfg.unbiased_set_rl:
         raise ConfigError(f"--{'separate-aggregator' if cfg.separate_aggregator else 'unbiased-set-rl'} needs "
                           "--algo spiral (GRPO has no aggregation traces)")

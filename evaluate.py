@@ -28,26 +28,7 @@ Choices where the paper is silent, or where this code departs from it (more in t
     from trace 0 with the first run's seed (its traces come back the same). A trace depends on which problems share its
     call (--limit, --tokens-per-call, --micro-batch-size): every variant is a valid i.i.d. draw.
 
-The result JSON (--out), what a consumer may rely on. Every curve is a dict of equal-length lists over its x;
-tokens are generated tokens (EOS included) per problem, means over problems, cumulative over RSA steps; budget is
-the maximum (traces x max_new_tokens); null where nothing qualified:
-    written_by, config (flags after presets), versions, policies: {LABEL: {policy, grader, summary, problems}}
-    summary.passk         k, pass_at_k, budget, tokens, search_tokens, aggregation_tokens (zeros), max_new_tokens
-    summary.majority      k, accuracy, ties, votes, budget, tokens, search_tokens, aggregation_tokens, max_new_tokens
-    summary.sequential    max_new_tokens, pass_at_1, truncated, budget, tokens, search_tokens, aggregation_tokens
-    summary.rsa[i]        population, set_size, max_new_tokens, step (1..T), pass_at_1, budget, tokens =
-                          search_tokens (step 1's P traces) + aggregation_tokens (steps 2..t)
-    summary.sets.search   k, max_new_tokens, coverage (k-subsets of the pool holding a right trace: pass@k),
-                          distinct_answers (per k-subset; testtime.expected_distinct_answers)      [with passk]
-    summary.sets.rsa[i]   population, set_size, step (2..T); per step, testtime.set_measures of step t's P sets of
-                          the problems, each over step t-1's population: sets, coverage, distinct_answers,
-                          sets_by_correct[c], hits_by_correct[c], accuracy_by_correct[c] (c = 0..set_size right
-                          candidates), recovery (c = 0), minority (0 < 2c < set_size), against_plurality (and
-                          against_plurality_sets: sets with a right candidate whose most frequent answer is wrong),
-                          no_regression (c = set_size)                                              [with rsa]
-    problems[j]           per problem: pools, pass_at_k, majority, sequential, rsa {P: steps}, sets {search, rsa}
-    cross[i]              one per --cross pair, in command order ([] without): search and aggregator (the labels),
-                          grader, summary {rsa, sets: {rsa}} as a policy's, problems[j] {id, rsa, sets: {rsa}}
+The result JSON (--out) and what a consumer may rely on: OPERATING.md, "The result JSON".
 
 Cross-aggregation (--cross A=B, --cross-all): RSA whose step 1 is policy A's search traces (the pool A's own RSA
 reads) and whose steps >= 2 are policy B's aggregation traces, so a table of search policy x aggregator policy
@@ -113,9 +94,13 @@ PRESETS = {
         rsa_populations=[4, 8], rsa_set_size=4, rsa_steps=3, max_tokens_list=[4, 8, 12],
         micro_batch_size=128),  # on a CPU, batches of ~1,000 short sequences spill the caches (benchmarks/)
     "tiny_parts": dict(  # the second CPU task (tiny_parts.py); a trace is 14 tokens ("352 + 416 = \\boxed{768}")
-        model=tiny_parts.WARM_START_DIR, data=tiny_parts.PROBLEMS_FILE, limit=100, temperature=1.0,
+        model=tiny_parts.WARM_START_DIR, data=tiny_parts.HELDOUT_FILE, limit=100, temperature=1.0,  # never trained on
         majority_subsets=32, num_samples=8, max_new_tokens=16, majority_max_new_tokens=16,
         rsa_populations=[4, 8], rsa_set_size=4, rsa_steps=3, max_tokens_list=[16], micro_batch_size=128),
+    "tiny_parts6": dict(  # its 6-digit variant; a trace is 23 tokens; held-out problems as tiny_parts
+        model=tiny_parts.TASKS["tiny_parts6"].warm_start_dir, data=tiny_parts.TASKS["tiny_parts6"].heldout_file,
+        limit=100, temperature=1.0, majority_subsets=32, num_samples=8, max_new_tokens=28, majority_max_new_tokens=28,
+        rsa_populations=[4, 8], rsa_set_size=4, rsa_steps=3, max_tokens_list=[28], micro_batch_size=128),
 }
 
 RSA_PRESETS = {

@@ -52,6 +52,20 @@ FIRST_LAST_ROWS = [("search accuracy", "search_accuracy"), ("aggregation accurac
                    ("GRPO token entropy (nats)", "rollout/entropy_grpo")]
 
 
+def generated_tokens_line(rows: list[dict], by_level: bool, budget: str) -> str:
+    """Completion tokens actually generated per drawn problem, the mean over the logged steps (search and aggregation
+    apart when `by_level`, as for SPIRAL), next to the maximum `budget`: equal maximum budgets need not mean equal
+    tokens generated."""
+    rows = [r for r in rows if "tokens_per_problem" in r]
+    if not rows:
+        return "no steps logged"
+    mean = lambda key: sum(r.get(key, 0.0) for r in rows) / len(rows)  # noqa: E731
+    parts = (f" (search {mean('tokens_per_problem_search'):.0f}, aggregation "
+             f"{mean('tokens_per_problem_aggregation'):.0f})" if by_level else "")
+    return (f"tokens generated per drawn problem, mean over steps {rows[0]['step']}-{rows[-1]['step']}: "
+            f"{mean('tokens_per_problem'):.0f}{parts}, of at most {budget}")
+
+
 def first_last_table(rows: list[dict]) -> str:
     """The README's demo table (Markdown): each metric's mean over the first and the last 10% of steps (at least
     one step each), so a run compares with the README without reading metrics.jsonl."""
@@ -301,6 +315,31 @@ def plot_seed_curves(runs: dict[str, list[list[dict]]], path: str, title: str = 
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
+
+
+def entropy_accuracy_points(seed_rows: list[list[dict]], accuracy_key: str, entropy_key: str, window: int = 5):
+    """Per seed, (search accuracy, search-trace entropy) over training steps, both smoothed over `window` steps
+    (the points of one seed's path); steps without either metric are left out."""
+    paths = []
+    for rows in seed_rows:
+        rows = [r for r in rows if isinstance(r.get(accuracy_key), (int, float))
+                and isinstance(r.get(entropy_key), (int, float))]
+        if rows:
+            paths.append((smoothed([r[accuracy_key] for r in rows], window)[1],
+                          smoothed([r[entropy_key] for r in rows], window)[1]))
+    return paths
+
+
+def plot_entropy_against_accuracy(ax, series: dict[str, tuple]) -> None:
+    """The paper's entropy figure read at matched accuracy: for each label, (seed_rows, accuracy key, entropy key,
+    colour), every seed's path of (search accuracy, search-trace entropy) over training steps (5-step means), so two
+    algorithms are compared where their search traces are equally accurate, not at the same step."""
+    for label, (seed_rows, accuracy_key, entropy_key, colour) in series.items():
+        for i, (x, y) in enumerate(entropy_accuracy_points(seed_rows, accuracy_key, entropy_key)):
+            ax.plot(x, y, color=colour, alpha=0.6, linewidth=1, label=label if i == 0 else None)
+            ax.plot(x[-1:], y[-1:], color=colour, marker="o", markersize=3)  # where the run ended
+    ax.set(xlabel="search accuracy (5-step mean)", ylabel="search-trace token entropy (nats)",
+           title="entropy against accuracy over training (dot: last step)")
 
 
 def plot_evaluation(summaries: dict[str, dict], path: Path, title: str = "") -> None:

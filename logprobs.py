@@ -191,23 +191,23 @@ def decoder_and_head(model, batch: TokenBatch | None = None):
     return decoder, head
 
 
-def to_rows(values_N: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
+def to_rows(values_T: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
     """(B, T), aligned with batch.input_ids: the value of token input_ids[b, t] where completion_mask[b, t], else 0.
 
     The inverse of the flat, row-major order completion_logprobs returns; gradients flow through it.
     """
-    rows = values_N.new_zeros(batch.input_ids.shape)  # (B, T)
-    return rows.masked_scatter(batch.completion_mask, values_N)  # (B, T): out of place, autograd sees it
+    rows = values_T.new_zeros(batch.input_ids.shape)  # (B, T)
+    return rows.masked_scatter(batch.completion_mask, values_T)  # (B, T): out of place, autograd sees it
 
 
-def head_logprobs(head: nn.Module, hidden_N: torch.Tensor, targets_N: torch.Tensor, temperature: float = 1.0,
+def head_logprobs(head: nn.Module, hidden_T: torch.Tensor, targets_T: torch.Tensor, temperature: float = 1.0,
                   chunk_size: int = 256):
-    """(logprobs_N, entropy_N) = log softmax(head(h_t) / tau)[y_t] and the entropy there, for N (hidden state, target)
+    """(logprobs_T, entropy_T) = log softmax(head(h_t) / tau)[y_t] and the entropy there, for T (hidden state, target)
     pairs: the output head runs `chunk_size` positions at a time, each chunk checkpointed when gradients are on, so
     a backward holds one chunk's (c, V) logits at a time."""
     logprobs, entropies = [], []
-    for start in range(0, hidden_N.shape[0], chunk_size):
-        h, y = hidden_N[start:start + chunk_size], targets_N[start:start + chunk_size]  # (c, H), (c,)
+    for start in range(0, hidden_T.shape[0], chunk_size):
+        h, y = hidden_T[start:start + chunk_size], targets_T[start:start + chunk_size]  # (c, H), (c,)
         if torch.is_grad_enabled():
             lp, ent = checkpoint(_chunk_logprobs, head, h, y, temperature, use_reentrant=False)
         else:
@@ -215,14 +215,14 @@ def head_logprobs(head: nn.Module, hidden_N: torch.Tensor, targets_N: torch.Tens
         logprobs.append(lp)
         entropies.append(ent)
     if not logprobs:
-        empty = hidden_N.new_zeros(0, dtype=torch.float32)
+        empty = hidden_T.new_zeros(0, dtype=torch.float32)
         return empty, empty
-    return torch.cat(logprobs), torch.cat(entropies)  # (N,), (N,)
+    return torch.cat(logprobs), torch.cat(entropies)  # (T,), (T,)
 
 
 def completion_logprobs(model, batch: TokenBatch, temperature: float = 1.0, chunk_size: int = 256,
                         as_rows: bool = False, backends: list | None = None):
-    """(logprobs_N, entropy_N): log softmax(logits / tau)[y_t] and the entropy, for every completion token.
+    """(logprobs_T, entropy_T): log softmax(logits / tau)[y_t] and the entropy, for every completion token.
 
     Flat over the batch's completion tokens, row by row (row-major over batch.completion_mask); as_rows=True gives
     (B, T) tensors aligned with input_ids instead (to_rows). Padding may be left or right: positions come from
@@ -238,12 +238,12 @@ def completion_logprobs(model, batch: TokenBatch, temperature: float = 1.0, chun
                          position_ids=position_ids, use_cache=False).last_hidden_state  # (B, T, H)
     # The hidden state at t predicts token t+1: keep the positions whose NEXT token is a completion token.
     predicts_completion = batch.completion_mask[:, 1:]  # (B, T-1)
-    hidden_N = hidden[:, :-1][predicts_completion]  # (N, H)
-    targets_N = batch.input_ids[:, 1:][predicts_completion]  # (N,)
-    logprobs_N, entropy_N = head_logprobs(head, hidden_N, targets_N, temperature, chunk_size)  # (N,), (N,)
+    hidden_T = hidden[:, :-1][predicts_completion]  # (T, H)
+    targets_T = batch.input_ids[:, 1:][predicts_completion]  # (T,)
+    logprobs_T, entropy_T = head_logprobs(head, hidden_T, targets_T, temperature, chunk_size)  # (T,), (T,)
     if as_rows:
-        return to_rows(logprobs_N, batch), to_rows(entropy_N, batch)  # (B, T), (B, T)
-    return logprobs_N, entropy_N
+        return to_rows(logprobs_T, batch), to_rows(entropy_T, batch)  # (B, T), (B, T)
+    return logprobs_T, entropy_T
 
 
 if __name__ == "__main__":  # a library: prints what it holds, runs nothing (copied alone, it imports torch only)

@@ -120,9 +120,9 @@ class PackedBatch:
     input_ids: torch.Tensor  # (1, T) prompt, its completions, the next prompt, ...
     position_ids: torch.Tensor  # (1, T) each completion continues from its prompt's length
     layout: Layout
-    predictor_N: torch.Tensor  # (N,) row index of the hidden state predicting each completion token
-    target_N: torch.Tensor  # (N,) the completion tokens, sample after sample
-    samples: list  # the samples in packing order, the order of the flat (N,) outputs
+    predictor_T: torch.Tensor  # (T,) row index of the hidden state predicting each completion token
+    target_T: torch.Tensor  # (T,) the completion tokens, sample after sample
+    samples: list  # the samples in packing order, the order of the flat (T,) outputs
 
     @staticmethod
     def from_parts(parts: list[list], device) -> "PackedBatch":
@@ -214,14 +214,14 @@ def sharing_prompts(model):
 
 def grouped_logprobs(model, batch: PackedBatch, temperature: float = 1.0, chunk_size: int = 256,
                      backends: list | None = None):
-    """(logprobs_N, entropy_N) for every completion token of a packed micro-batch, flat in the order of
+    """(logprobs_T, entropy_T) for every completion token of a packed micro-batch, flat in the order of
     batch.samples: the same values as logprobs.completion_logprobs on one row per sample (the reference)."""
     first = batch.samples[0]
     decoder, head = decoder_and_head(model, TokenBatch.from_samples([first], 0, batch.input_ids.device))
     with sharing_prompts(model), sdpa_kernel(ATTENTION_BACKENDS if backends is None else backends):
         hidden = decoder(input_ids=batch.input_ids, attention_mask={"full_attention": batch.layout},
                          position_ids=batch.position_ids, use_cache=False).last_hidden_state[0]  # (T, H)
-    return head_logprobs(head, hidden[batch.predictor_N], batch.target_N, temperature, chunk_size)  # (N,), (N,)
+    return head_logprobs(head, hidden[batch.predictor_T], batch.target_T, temperature, chunk_size)  # (T,), (T,)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ package does); every "line N" in this repository refers to this listing:
 This file runs lines 1-13 and the advantage inside line 15, and returns one `Sample` per trace with its
 advantage; train.py forms the gradient (lines 14-18). Dynamic sampling (Section 4): problems whose advantages are
 all zero give no gradient, so problems are drawn until `batch_problems` of them carry signal (or `max_draws`).
-Search traces are graded too, for logging only: their reward never enters a gradient.
+Search traces are graded too, for logging only: in SPIRAL their reward never enters a gradient. The one exception is
+the ablation `search_advantage="own"` (the paper's "Next Steps" baseline), which replaces line 13 alone.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Sample:
     sampler_logprobs: list[float]  # log pi_sampler(token), the importance ratio's denominator
     advantage: float
     role: str  # "search" (set RL, g_set), "aggregation" (standard RL, g_std) or "grpo" (the baseline)
-    reward: float | None = None  # r(x, y) of graded traces; None for search traces (never rewarded)
+    reward: float | None = None  # r(x, y) of rewarded traces; None for SPIRAL's search traces (set RL)
 
 
 @dataclass
@@ -127,6 +128,7 @@ def collect_spiral(
     tokens_per_micro_batch: int | None = None,
     search_advantage_scale: float = 1.0,
     reward_fn: Callable[[Problem, str], float] | None = None,
+    search_advantage: str = "set",
 ) -> Rollouts:
     """Algorithm 1, lines 1-13 and line 15's advantage, for a dynamically sampled batch B.
 
@@ -136,9 +138,21 @@ def collect_spiral(
     (the appendix's two-model variant). `search_advantage_scale` multiplies A#_marg: 1/M for an unbiased set-RL
     gradient (train.py --unbiased-set-rl), 1 in the paper. `reward_fn`: the task's r(x, y) (task.py; default: the
     math grader).
+
+    `search_advantage` chooses line 13, the one line where SPIRAL differs from "GRPO plus a trained aggregator":
+      "set"  (SPIRAL)    A#_marg(x, y_j) = (1/|G(y_j)|) sum_{G in G(y_j)} A#(x, G): credit for the sets y_j is in
+      "own"  (ablation)  A(x, y_j) = r(x, y_j) - (1/N1) sum_k r(x, y_k): GRPO's advantage on y_j's own reward
+    The paper's "Next Steps" baseline ("train search traces with GRPO using their individual rewards, while
+    separately training the model to aggregate", as Venkatraman et al. 2025). Everything else is the same: the
+    aggregation traces (line 15), the sets, dynamic sampling (a problem is kept when any advantage is non-zero)
+    and train.py's loss normaliser C. `search_advantage_scale` concerns set RL only ("own" needs 1).
     """
     _check_counts(batch_problems=batch_problems, num_search=num_search, set_size=set_size, num_sets=num_sets,
                   num_aggregations=num_aggregations, max_new_tokens=max_new_tokens)
+    if search_advantage not in ("set", "own"):
+        raise ValueError(f"search_advantage must be 'set' or 'own', got {search_advantage!r}")
+    if search_advantage == "own" and search_advantage_scale != 1.0:
+        raise ValueError("search_advantage_scale (1/M of Proposition 3.1) concerns set RL only, not 'own'")
     N1, n, K, N2 = num_search, set_size, num_sets, num_aggregations
     grade = reward_fn or _math_reward
     max_draws = 4 * batch_problems if max_draws is None else max_draws
@@ -177,14 +191,18 @@ def collect_spiral(
             aggregation_KN2 = [c for row in aggregation_PK_N2[i * K:(i + 1) * K] for c in row]  # set by set
             # Line 8's rewards r(x, y^{G_l}_i): the only rewards that train anything.
             rewards_K_N2 = np.array([grade(x, c.text) for c in aggregation_KN2]).reshape(K, N2)
+            search_rewards_N1 = np.array([grade(x, c.text) for c in search_N1])  # SPIRAL: logging only
             # Lines 8-13 (set scores, baseline, set and marginal advantages) and line 15's advantage.
             search_adv_N1, aggregation_adv_K_N2 = spiral_advantages(sets_P_K_n[i], rewards_K_N2, N1)
-            search_adv_N1 = search_adv_N1 * search_advantage_scale  # 1/M: E[g_set] = the set-RL gradient
+            if search_advantage == "set":
+                search_adv_N1 = search_adv_N1 * search_advantage_scale  # 1/M: E[g_set] = the set-RL gradient
+            else:  # the ablation's line 13: each search trace on its own reward, centred within the problem
+                search_adv_N1 = group_advantages(search_rewards_N1)
             if target_length is not None:  # appendix, eq. length-aware-advantage, on both levels
                 search_adv_N1 = length_aware(search_adv_N1, _lengths(search_N1), target_length)
                 aggregation_adv_K_N2 = length_aware(aggregation_adv_K_N2,
                                                     _lengths(aggregation_KN2).reshape(K, N2), target_length)
-            log["search_reward"] += [grade(x, c.text) for c in search_N1]  # logging only
+            log["search_reward"] += search_rewards_N1.tolist()
             log["aggregation_reward"] += rewards_K_N2.ravel().tolist()
             log["search_length"] += _lengths(search_N1).tolist()
             log["aggregation_length"] += _lengths(aggregation_KN2).tolist()
@@ -195,11 +213,13 @@ def collect_spiral(
             if not (np.any(search_adv_N1 != 0) or np.any(aggregation_adv_K_N2 != 0)):
                 continue  # dynamic sampling: this problem gives no gradient
             kept += 1
-            samples += [_sample(c, a, "search") for c, a in zip(search_N1, search_adv_N1)]
+            search_reward_N1 = search_rewards_N1 if search_advantage == "own" else [None] * N1
+            samples += [_sample(c, a, "search", r) for c, a, r in zip(search_N1, search_adv_N1, search_reward_N1)]
             samples += [_sample(c, a, "aggregation", r) for c, a, r in
                         zip(aggregation_KN2, aggregation_adv_K_N2.ravel(), rewards_K_N2.ravel())]
 
-    tokens = sum(log["search_length"]) + sum(log["aggregation_length"])
+    search_tokens, aggregation_tokens = sum(log["search_length"]), sum(log["aggregation_length"])
+    tokens = search_tokens + aggregation_tokens
     metrics = _batch_metrics(drawn, kept) | {
         "search_accuracy": float(np.mean(log["search_reward"])),
         "aggregation_accuracy": float(np.mean(log["aggregation_reward"])),
@@ -210,7 +230,9 @@ def collect_spiral(
         "time/search_s": seconds["search"],
         "time/aggregation_s": seconds["aggregation"],
         "tokens_generated": tokens,
-        "tokens_per_problem": tokens / drawn,
+        "tokens_per_problem": tokens / drawn,  # generated per drawn problem, against the maximum below
+        "tokens_per_problem_search": search_tokens / drawn,
+        "tokens_per_problem_aggregation": aggregation_tokens / drawn,
         "token_budget_per_problem": (N1 + K * N2) * max_new_tokens,  # paper: (8 + 16) x 4096 = 98,304
         "gradient_scale_M": gradient_scale(N1, n, K),  # Proposition 3.1: E[g_set] = M x the set-RL gradient
         "search_advantage_scale": search_advantage_scale,

@@ -139,9 +139,28 @@ class RSAStep:
     traces: list  # the P members of this step's population (anything with a .text)
 
 
+def rsa_by_definition(problem: str, *, population: int, set_size: int, steps: int, seed: int,
+                      sample_search: Callable, sample_aggregation: Callable) -> list[RSAStep]:
+    """RSA for one problem, as the paper describes it: a population of P independent search traces; then at each
+    step t = 2..T every one of P new members aggregates k members of step t-1's population (note 3), from the
+    Aggregation Trace Prompt holding the problem and those k traces. sample_search() draws one search trace,
+    sample_aggregation(prompt) one aggregation trace. The reference that recursive_self_aggregation (every problem
+    and population in lockstep, one batched call per step) is tested equal to."""
+    members_P = [sample_search() for _ in range(population)]  # step 1: y_1..y_P ~ pi(. | x)
+    history = [RSAStep(1, None, members_P)]
+    for t in range(2, steps + 1):
+        rng = np.random.default_rng(derive_seed("rsa-sets", seed, problem, population, set_size, t))
+        sets_P_k = draw_rsa_sets(population, set_size, rng)  # member j aggregates step t-1's members sets_P_k[j]
+        members_P = [sample_aggregation(aggregation_prompt(problem, [members_P[i].text for i in G_j]))
+                     for G_j in sets_P_k]
+        history.append(RSAStep(t, sets_P_k.tolist(), members_P))
+    return history
+
+
 def recursive_self_aggregation(runs: list[tuple[str, int]], *, set_size: int, steps: int, seed: int,
                                search: Callable, aggregate: Callable) -> list[list[RSAStep]]:
-    """RSA (paper figure "Pass@1 evaluation under RSA"; Venkatraman et al. 2025) for many runs in lockstep.
+    """RSA (paper figure "Pass@1 evaluation under RSA"; Venkatraman et al. 2025) for many runs in lockstep: what
+    rsa_by_definition does for one problem, with each step of every run in one aggregate call.
 
     runs[r] = (problem, population P). Step 1: search(r) gives run r's P independent search traces. Step t > 1:
     one call aggregate(t, prompts_R) for every run at once (prompts_R[r]: run r's P Aggregation Trace Prompts,

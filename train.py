@@ -17,7 +17,8 @@ Where this departs from the paper (each is a flag):
      rollout/entropy_* (the sampler's entropy) covers every trace of every drawn problem.
 
     python train.py                                  # the paper's setting (needs a GPU)
-    python train.py --algo grpo                      # the GRPO baseline at equal token budget
+    python train.py --algo grpo                      # the GRPO baseline at equal maximum token budget
+    python train.py --search-advantage own           # the ablation: search traces on their own reward (line 13)
     python train.py --separate-aggregator            # the two-model variant (theta != phi)
     python train.py --preset tiny                    # the CPU demo: ~3 minutes on 2 cores, learns visibly
     python train.py --preset tiny --out runs/x --resume
@@ -72,8 +73,9 @@ def option(default, help: str):
 class TrainConfig:
     """Defaults are the paper's appendix table (the `paper` preset) unless a help text says otherwise."""
 
-    preset: Literal["paper", "tiny", "tiny_parts"] = option("paper", "paper: the appendix's table (needs a GPU); tiny: "
-                                                            "the CPU demo; tiny_parts: the CPU task of tiny_parts.py")
+    preset: Literal["paper", "tiny", "tiny_parts", "tiny_parts6"] = option(
+        "paper", "paper: the appendix's table (needs a GPU); tiny: the CPU demo; tiny_parts: the CPU task of "
+                 "tiny_parts.py; tiny_parts6: its 6-digit variant, where one trace is almost never right")
     algo: Literal["spiral", "grpo"] = option("spiral", "spiral (Algorithm 1) or grpo (the baseline, equal budget)")
     model: str = option(rollout.DEFAULT_MODEL, "base model: a Hugging Face id, a local directory, or 'tiny'")
     data: str = option("math_train", "training problems: bundled set, JSONL file or Hub id (paper: POLARIS-53K)")
@@ -100,6 +102,9 @@ class TrainConfig:
     target_length: int | None = option(None, "L_target of the appendix's length-aware advantage (default off)")
     unbiased_set_rl: bool = option(False, "divide the search traces' advantages by M of Proposition 3.1 for an "
                                           "unbiased set-RL gradient (paper: off; M is logged either way)")
+    search_advantage: Literal["set", "own"] = option("set", "the search traces' advantage, Algorithm 1 line 13: set "
+                                                     "(SPIRAL: marginal set advantage) or own (the ablation: GRPO's "
+                                                     "advantage on each trace's own reward; aggregation as SPIRAL)")
     temperature: float = option(1.0, "sampling temperature; the loss's log-probs use the same one")
     lr: float = option(2e-5, "AdamW learning rate (paper: 2e-5)")
     lora_rank: int = option(32, "LoRA rank r (paper: 32)")
@@ -157,6 +162,13 @@ PRESETS: dict[str, dict] = {
         "max_draws": 16,  # 2 |B|: once most problems are solved, 4 |B| draws per step doubled the CPU time
         "max_new_tokens": {"spiral": 16, "grpo": 32},  # a trace is 14 tokens; 12 x 32 = (8 + 4 x 4) x 16
     },
+    # Its 6-digit variant (tiny_parts.TASKS["tiny_parts6"]), the tiny_parts settings otherwise but for 40 steps.
+    "tiny_parts6": {
+        "model": tiny_parts.TASKS["tiny_parts6"].warm_start_dir, "data": tiny_parts.TASKS["tiny_parts6"].problems_file,
+        "device": "cpu", "cpu_threads": 1, "steps": 40, "save_every": 10, "lr": 2e-3, "micro_batch_tokens": 8192,
+        "gradient_checkpointing": False, "max_draws": 16,
+        "max_new_tokens": {"spiral": 28, "grpo": 56},  # a trace is 23 tokens; 12 x 56 = (8 + 4 x 4) x 28 = 672
+    },
 }
 
 
@@ -165,6 +177,13 @@ def token_budget_per_problem(cfg: TrainConfig) -> int:
     if cfg.algo == "spiral":
         return (cfg.num_search + cfg.num_sets * cfg.num_aggregations) * cfg.max_new_tokens
     return cfg.group_size * cfg.max_new_tokens
+
+
+def budget_line(cfg: TrainConfig) -> str:
+    """The maximum budget per problem written out, e.g. "(8 + 4 x 4) x 16 = 384" (SPIRAL) or "12 x 32 = 384"."""
+    traces = f"({cfg.num_search} + {cfg.num_sets} x {cfg.num_aggregations})" if cfg.algo == "spiral" \
+        else f"{cfg.group_size}"
+    return f"{traces} x {cfg.max_new_tokens} = {token_budget_per_problem(cfg):,}"
 
 
 def gradient_scale_M(cfg: TrainConfig) -> float | None:
@@ -186,17 +205,17 @@ def loss_normalizer(cfg: TrainConfig, problems_kept: int) -> float:
     return max(problems_kept, 1) * token_budget_per_problem(cfg)
 
 
-def importance_sampling_loss(logprobs_N, sampler_logprobs_N, adv_N, normalizer: float):
+def importance_sampling_loss(logprobs_T, sampler_logprobs_T, adv_T, normalizer: float):
     """REINFORCE with importance sampling (Tinker's `importance_sampling` loss), flat over tokens:
 
         loss = -(1/C) sum_t exp(log pi_theta(y_t) - log pi_sampler(y_t)) A_t
 
     At ratio 1 its gradient is (1/C) sum_samples A(y) grad log pi_theta(y): search samples (A = A#_marg) sum to
     g_set(x) (line 14), aggregation samples (A = r - set mean) to g_std(x) (line 15), one sum is line 16, and C
-    holds line 18's 1/|B|. The ratio corrects for sampler and learner numerics differing. Returns (loss, ratio_N).
+    holds line 18's 1/|B|. The ratio corrects for sampler and learner numerics differing. Returns (loss, ratio_T).
     """
-    ratio_N = torch.exp(logprobs_N - sampler_logprobs_N)  # (N,)
-    return -(ratio_N * adv_N).sum() / normalizer, ratio_N
+    ratio_T = torch.exp(logprobs_T - sampler_logprobs_T)  # (T,)
+    return -(ratio_T * adv_T).sum() / normalizer, ratio_T
 
 
 def pack_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -244,17 +263,17 @@ def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature:
                 (shared_prompt.sharing_prompts(model) if grouped else contextlib.nullcontext()):
             for micro, forward in _micro_batches(model, group, grouped, micro_batch_tokens, pad_token_id, device,
                                                  temperature, chunk_size, backends):
-                logprobs_N, entropy_N = forward()  # (N,), (N,) sample after sample, in the order of `micro`
-                sampler_N = torch.tensor([lp for s in micro for lp in s.sampler_logprobs], device=device)  # (N,)
+                logprobs_T, entropy_T = forward()  # (T,), (T,) sample after sample, in the order of `micro`
+                sampler_T = torch.tensor([lp for s in micro for lp in s.sampler_logprobs], device=device)  # (T,)
                 lengths_b = torch.tensor([len(s.completion_ids) for s in micro], device=device)  # (b,)
                 adv_b = torch.tensor([s.advantage for s in micro], device=device, dtype=torch.float32)  # (b,)
-                adv_N = torch.repeat_interleave(adv_b, lengths_b)  # (N,): every token carries its sample's A
-                loss, ratio_N = importance_sampling_loss(logprobs_N, sampler_N, adv_N, loss_normalizer)
+                adv_T = torch.repeat_interleave(adv_b, lengths_b)  # (T,): every token carries its sample's A
+                loss, ratio_T = importance_sampling_loss(logprobs_T, sampler_T, adv_T, loss_normalizer)
                 loss.backward()
                 loss_sum += loss.item()
-                ratios.append(ratio_N.detach())
+                ratios.append(ratio_T.detach())
                 tokens += sum(len(s.prompt_ids) + len(s.completion_ids) for s in micro)  # the samples' own tokens
-                for s, ent in zip(micro, torch.split(entropy_N, lengths_b.tolist())):
+                for s, ent in zip(micro, torch.split(entropy_T, lengths_b.tolist())):
                     entropy_by_role.setdefault(s.role, []).append(ent)
 
     return loss_metrics(loss_sum, len(trained), tokens, ratios, entropy_by_role)
@@ -280,8 +299,8 @@ def _micro_batches(model, samples, grouped: bool, max_tokens: int, pad_token_id:
 def loss_metrics(loss_sum: float, samples_trained: int, tokens_trained: int, ratios: list, entropy_by_role: dict
                  ) -> dict[str, float]:
     """The train/* columns of a step (trl_spiral.py writes the same): the loss summed over micro-batches, what was
-    trained, the importance ratio over the trained tokens (`ratios`: (N,) tensors) and each role's mean entropy
-    (`entropy_by_role`: role -> (N,) tensors; a role with no token gets no column)."""
+    trained, the importance ratio over the trained tokens (`ratios`: (T,) tensors) and each role's mean entropy
+    (`entropy_by_role`: role -> (T,) tensors; a role with no token gets no column)."""
     metrics = {"train/loss": loss_sum, "train/samples_trained": samples_trained, "train/tokens_trained": tokens_trained}
     ratio_all = torch.cat(ratios) if ratios else torch.zeros(0)
     if ratio_all.numel():
@@ -356,7 +375,7 @@ def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng, r
                                  num_sets=cfg.num_sets, num_aggregations=cfg.num_aggregations,
                                  aggregation_adapter=aggregator,
                                  search_advantage_scale=1 / gradient_scale_M(cfg) if cfg.unbiased_set_rl else 1.0,
-                                 **common)
+                                 search_advantage=cfg.search_advantage, **common)
 
 
 def train(cfg: TrainConfig, problems, reward_fn=None) -> None:
@@ -369,6 +388,8 @@ def train(cfg: TrainConfig, problems, reward_fn=None) -> None:
         budget = cfg.generation_tokens or rollout.generation_token_budget(model)
         print(f"train.py: {model.dtype}; generate calls hold up to {budget:,} tokens of KV cache "
               f"({rollout.kv_bytes_per_token(model.config, model.dtype):,} bytes per token)")
+    print(f"train.py: at most {budget_line(cfg)} completion tokens per problem (the tokens generated: "
+          "tokens_per_problem in metrics.jsonl)")
     if start >= cfg.steps:
         print(f"train.py: the run in {cfg.out} is already at step {start} = --steps; pass a larger --steps to continue")
     bar, watch = figures.StepBar(cfg.algo, cfg.steps, start), cli.StepWatch()  # in a step: its stage, problems drawn
@@ -401,8 +422,10 @@ def train(cfg: TrainConfig, problems, reward_fn=None) -> None:
     bar.close()
     if cfg.plot and figures.plot_training(metrics_path, os.path.join(cfg.out, "metrics.png")):
         print(f"train.py: wrote {os.path.join(cfg.out, 'metrics.png')}")
-    print(f"train.py: done; adapter in {os.path.join(cfg.out, 'adapter')}\n"
-          + figures.first_last_table(checkpoint.read_metrics(metrics_path)))
+    rows = checkpoint.read_metrics(metrics_path)
+    print(f"train.py: done; adapter in {os.path.join(cfg.out, 'adapter')}\n"  # the table last: the README's demo shows it
+          f"train.py: {figures.generated_tokens_line(rows, cfg.algo == 'spiral', budget_line(cfg))}\n"
+          + figures.first_last_table(rows))
 
 
 def enable_gradient_checkpointing(model, keep_attention_outputs: bool = False) -> None:

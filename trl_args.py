@@ -49,6 +49,8 @@ class SpiralArguments:
     max_prompt_tokens: int | None = train.option(None, "drop training problems whose search prompt is longer")
     target_length: int | None = train.option(None, "L_target of the appendix's length-aware advantage (default off)")
     unbiased_set_rl: bool = train.option(False, "divide the search traces' advantages by M of Proposition 3.1")
+    search_advantage: typing.Literal["set", "own"] | None = train.option(
+        None, "Algorithm 1 line 13: set (SPIRAL) or own (the ablation: search traces on their own reward)")
     lora_r: int | None = train.option(None, "LoRA rank r (paper: 32)")
     lora_alpha: float | None = train.option(None, "LoRA alpha, update scaled by alpha / r")
     dtype: typing.Literal["auto", "bfloat16", "float32"] = train.option("auto", "model weights (auto: bfloat16 on "

@@ -266,7 +266,7 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
                 max_draws=len(problems) if several else (cfg.max_draws or 4 * len(problems)),
                 micro_batch_size=cfg.generation_batch_size, tokens_per_micro_batch=cfg.generation_tokens,
                 search_advantage_scale=1 / train.gradient_scale_M(cfg) if cfg.unbiased_set_rl else 1.0,
-                reward_fn=self.spiral_reward)
+                search_advantage=cfg.search_advantage, reward_fn=self.spiral_reward)
         seconds = time.perf_counter() - start
         self.last_rollouts = rollouts
 
@@ -353,11 +353,11 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         sampler_BT = inputs["sampling_per_token_logps"]  # (B, T)
         sampler_BT = torch.where(torch.isnan(sampler_BT), logps_BT.detach(), sampler_BT)  # unscored by vLLM: ratio 1
         adv_BT = adv_B[:, None].expand_as(logps_BT)  # (B, T): every token carries its trace's A
-        loss, ratio_N = train.importance_sampling_loss(logps_BT[mask_BT], sampler_BT[mask_BT], adv_BT[mask_BT],
+        loss, ratio_T = train.importance_sampling_loss(logps_BT[mask_BT], sampler_BT[mask_BT], adv_BT[mask_BT],
                                                        float(inputs["normalizer"]))
-        entropy_N = entropy_BT[mask_BT].detach().float()  # (N,), float32: bf16 could not count past 256 exactly
+        entropy_T = entropy_BT[mask_BT].detach().float()  # (T,), float32: bf16 could not count past 256 exactly
         # TRL's column: mean over the trained tokens of all processes, as one all-reduce of [sum, count] (float32)
-        totals = self.accelerator.reduce(torch.stack([entropy_N.sum(), entropy_N.new_tensor(entropy_N.numel())]),
+        totals = self.accelerator.reduce(torch.stack([entropy_T.sum(), entropy_T.new_tensor(entropy_T.numel())]),
                                          reduction="sum")  # (2,); one process: a copy
         self._metrics["train"]["entropy"].append(float(totals[0] / totals[1].clamp(min=1)))
         if self._stats is not None:  # train.py's train/* metrics, over trained samples only
@@ -365,7 +365,7 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
             s["loss"] += loss.item()
             s["samples"] += int(trained_B.sum())
             s["tokens"] += int(attention_mask[trained_B].sum())
-            s["ratios"].append(ratio_N.detach())
+            s["ratios"].append(ratio_T.detach())
             for role, rows_B in [("search", trained_B & inputs["is_search"]), ("aggregation",
                                                                                trained_B & ~inputs["is_search"])]:
                 s["entropy"].setdefault(role, []).append(entropy_BT[rows_B][mask_BT[rows_B]].detach())

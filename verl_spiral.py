@@ -5,12 +5,19 @@ which the SPIRAL agent loop writes into each output's `extra_fields` (`spiral_ex
 turns a DataProto of such rows into batch["advantages"] = batch["returns"] (B, T): A#_marg(x, y_j) on search rows,
 r - (the set's mean reward) on aggregation rows, on response tokens, 0 on padding (advantages.flat_spiral_advantages).
 
-Two facts of verl 0.9.1 decide the shape of the recipe (read from its source):
+Four facts of verl 0.9.1 decide the shape of the recipe (read from its source):
   1. A `register_adv_est` estimator is called with token_level_rewards, response_mask, config and index (the uid)
      only, and v1's PPOTrainer._compute_advantage fetches only those fields from the TransferQueue: the SPIRAL
      metadata never reaches it. So `SpiralPPOTrainer` overrides `_compute_advantage` instead.
   2. When an agent loop returns several outputs, AgentLoopWorkerTQ._agent_loop_postprocess copies the last output's
      reward_score onto all the others. So r(x, y) travels in extra_fields["spiral_reward"], not in rm_scores.
+  3. The loop (PPOTrainer.fit) runs while the epoch is below trainer.total_epochs AND the step is at most
+     trainer.total_training_steps, and saves at the end only on reaching total_training_steps: a step count beyond
+     total_epochs x (rows // data.train_batch_size) ends the run early, without its last save. `run_length_problem`
+     says so, and SpiralPPOTrainer refuses such a run once its dataset is built (the recipe's entry point earlier).
+  4. PPOTrainer branches on `trainer_mode == "sync"`: any other name (ours is registered as "spiral_sync") gets the
+     async replay buffer, one-prompt dataloader fetches and a TransferQueue snapshot in every checkpoint. So
+     SpiralPPOTrainer runs as mode "sync", verl's synchronous trainer, once verl has looked it up by its own name.
 Only numpy, torch and advantages.py are needed for the estimator (and verl's DataProto for `compute_spiral_advantage`);
 `SpiralPPOTrainer` needs verl[verl-core] (transfer_queue) and is built on first use.
 """
@@ -23,6 +30,11 @@ import torch
 from advantages import flat_spiral_advantages
 
 SPIRAL_FIELDS = ("is_search", "trace_index", "set_index", "set_members", "spiral_reward")
+
+
+class SpiralConfigError(ValueError):
+    """A setting with which verl would not run what it says (one line); raised inside Ray, it reaches the driver as an
+    instance of this class (Ray's RayTaskError subclasses the cause)."""
 
 
 def spiral_extra_fields(*, is_search: bool, set_size: int, trace_index: int = -1, set_index: int = -1,
@@ -91,6 +103,31 @@ def spiral_metrics(non_tensor_batch: dict, adv_BT: torch.Tensor) -> dict[str, fl
             "spiral/zero_advantage_rows": float(zero_B.mean())}
 
 
+def run_length_problem(rows: int, train_batch_size: int, total_epochs: int, total_training_steps) -> str | None:
+    """Why verl 0.9.1's loop would not run the steps it is set to (None when it will), for `rows` training problems.
+
+    verl: steps_per_epoch = rows // train_batch_size; total_training_steps (None: steps_per_epoch x total_epochs)
+    steps run only while the epoch (step - 1) // steps_per_epoch is below total_epochs; the last save happens at
+    step total_training_steps.
+    """
+    steps_per_epoch = rows // train_batch_size
+    if steps_per_epoch == 0:
+        return (f"data.train_batch_size = {train_batch_size} is more than the {rows} training problems that fit: a "
+                "step needs that many")
+    if total_epochs < 1:
+        return f"trainer.total_epochs must be at least 1 (got {total_epochs})"
+    if total_training_steps is None:
+        return None
+    if total_training_steps < 1:
+        return f"trainer.total_training_steps must be at least 1 or null (got {total_training_steps})"
+    if total_training_steps > steps_per_epoch * total_epochs:
+        return (f"trainer.total_training_steps = {total_training_steps} needs trainer.total_epochs >= "
+                f"{-(-total_training_steps // steps_per_epoch)}: {rows} problems // data.train_batch_size "
+                f"{train_batch_size} = {steps_per_epoch} steps an epoch, and verl stops after epoch {total_epochs} "
+                f"(step {steps_per_epoch * total_epochs}), without the final save")
+    return None
+
+
 _TRAINER = None
 
 
@@ -109,7 +146,23 @@ def spiral_trainer_class():
 
     @register_trainer("spiral_sync")
     class SpiralPPOTrainer(PPOTrainerSync):
-        """PPOTrainerSync whose advantages are SPIRAL's (Algorithm 1, lines 8-15), from the rows' extra_fields."""
+        """PPOTrainerSync whose advantages are SPIRAL's (Algorithm 1, lines 8-15), from the rows' extra_fields, and
+        that refuses a run its loop would end early (run_length_problem)."""
+
+        def __init__(self, config):
+            super().__init__(config)
+            # verl's sync code paths (fact 4): PPOTrainer.__init__ read the registered name "spiral_sync" and built
+            # the async replay buffer from it. parameter_sync_step stays 1: trainer.v1 has no "spiral_sync" section.
+            self.trainer_mode = "sync"
+            self.replay_buffer = self._build_replay_buffer()
+
+        def _init_dataloader(self):
+            super()._init_dataloader()
+            trainer = self.config.trainer
+            why = run_length_problem(len(self.train_dataset), self.config.data.train_batch_size,
+                                     trainer.total_epochs, trainer.total_training_steps)
+            if why:
+                raise SpiralConfigError(why)
 
         def _compute_advantage(self, batch, metrics):
             """Algorithm 1, lines 8-15 on the step's rows; verl's padding rows (tag is_padding: copies of row 0's

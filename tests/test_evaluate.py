@@ -168,6 +168,28 @@ def test_rsa_runs_in_lockstep_are_the_runs_done_alone():
     assert together[1][1].sets_P_k != together[2][1].sets_P_k  # same P, another problem: other sets
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_rsa_equals_the_per_problem_loop_of_the_paper(seed):
+    """recursive_self_aggregation (every problem and population in one call per step) draws the same sets and
+    builds the same prompts, step by step, as rsa_by_definition run on each problem alone."""
+    rng = np.random.default_rng(seed)
+    runs = [(f"problem {int(rng.integers(100))} + {i}", int(rng.integers(2, 9))) for i in range(int(rng.integers(1, 5)))]
+    set_size = int(rng.integers(1, min(P for _, P in runs) + 1))
+    trace = lambda text: evaluate.Trace(text, 1, 1, False)  # noqa: E731
+    aggregated = lambda prompt: trace(testtime.digest(prompt)[:12])  # noqa: E731  (a pure function of the prompt)
+    batched = testtime.recursive_self_aggregation(
+        runs, set_size=set_size, steps=4, seed=seed,
+        search=lambda r: [trace(f"{runs[r][0]} | search {i}") for i in range(runs[r][1])],
+        aggregate=lambda t, prompts_R: [[aggregated(p) for p in prompts] for prompts in prompts_R])
+    for (problem, P), history in zip(runs, batched):
+        searched = iter(range(P))
+        alone = testtime.rsa_by_definition(problem, population=P, set_size=set_size, steps=4, seed=seed,
+                                           sample_search=lambda: trace(f"{problem} | search {next(searched)}"),
+                                           sample_aggregation=aggregated)
+        assert [(s.step, s.sets_P_k, [t.text for t in s.traces]) for s in history] == \
+            [(s.step, s.sets_P_k, [t.text for t in s.traces]) for s in alone]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Batching: the call plan and the sampler's cache
 

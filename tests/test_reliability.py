@@ -417,8 +417,8 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(world, tmp_pa
     real_loss, real_save = train.importance_sampling_loss, checkpoint.save_checkpoint
 
     def loss(*args):  # after the first checkpoint the loss, and so its gradient, is NaN
-        value, ratio_N = real_loss(*args)
-        return (value * float("nan") if poisoned else value), ratio_N
+        value, ratio_T = real_loss(*args)
+        return (value * float("nan") if poisoned else value), ratio_T
     monkeypatch.setattr(train, "importance_sampling_loss", loss)
     monkeypatch.setattr(checkpoint, "save_checkpoint", lambda *a, **k: (real_save(*a, **k), poisoned.append(1))[0])
     assert _run(world["data"], out, "--steps", str(STEPS)) == 1

@@ -138,8 +138,8 @@ def test_a_packed_row_continues_each_completion_from_its_prompt():
     assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 3, 0, 1, 2]]
     assert batch.layout.groups == (((0, 3), ((3, 5), (5, 6))), ((6, 7), ((7, 9),)))
     # y_1 is predicted by the prompt's last token, never by the sibling just before it in the row
-    assert batch.predictor_N.tolist() == [2, 3, 2, 6, 7]
-    assert batch.target_N.tolist() == [20, 21, 30, 50, 51]
+    assert batch.predictor_T.tolist() == [2, 3, 2, 6, 7]
+    assert batch.target_T.tolist() == [20, 21, 30, 50, 51]
 
 
 def test_samples_group_by_equal_prompts_in_order_of_first_appearance():

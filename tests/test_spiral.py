@@ -225,3 +225,106 @@ def test_entropy_is_token_weighted_and_skips_unrecorded(world, monkeypatch):
                               max_new_tokens=8)
     assert out.metrics["problems_drawn"] == 2
     assert out.metrics["rollout/entropy_grpo"] == pytest.approx((2 * 1 + 6 * 3 + 1 * 2 + 4 * 5 + 4 * 0) / 17)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The ablation arm, search_advantage="own": line 13 replaced by GRPO's advantage on each search trace's own reward
+
+
+def _collect(names, search_advantage=None, seed=0, **kwargs):
+    """collect_spiral over the scripted world (search_advantage left at its default when None)."""
+    choice = {} if search_advantage is None else {"search_advantage": search_advantage}
+    return spiral.collect_spiral(None, None, problems_in_order(*names), batch_problems=len(names), max_new_tokens=64,
+                                 rng=np.random.default_rng(seed), **choice, **kwargs)
+
+
+def test_own_search_rows_get_grpo_advantages_and_aggregation_rows_stay_spiral_s(world):
+    """On the same rollouts (same seed, so the same sets): each search row's advantage is group_advantages of the
+    N1 search rewards (r_j - mean r), its reward recorded; every aggregation row is exactly SPIRAL's."""
+    good, _, drawn_sets = world
+    own = _collect(["p0", "p1"], "own")
+    spiral_run = _collect(["p0", "p1"], "set")
+    assert np.array_equal(drawn_sets[0], drawn_sets[2]) and np.array_equal(drawn_sets[1], drawn_sets[3])  # same sets
+    for i, name in enumerate(["p0", "p1"]):
+        block, reference = own.samples[i * 24:(i + 1) * 24], spiral_run.samples[i * 24:(i + 1) * 24]
+        rewards_N1 = np.array([float(j in good[name]) for j in range(8)])
+        assert [s.advantage for s in block[:8]] == pytest.approx(rewards_N1 - rewards_N1.mean(), abs=1e-15)
+        assert [s.reward for s in block[:8]] == rewards_N1.tolist() and {s.role for s in block[:8]} == {"search"}
+        assert [(s.advantage, s.reward, s.role) for s in block[8:]] == \
+            [(s.advantage, s.reward, s.role) for s in reference[8:]]  # bit for bit
+        assert [s.advantage for s in block[:8]] != [s.advantage for s in reference[:8]]  # line 13 differs
+    # p1 has one good trace of 8: A = 1 - 1/8 for it, -1/8 for the seven others.
+    assert sorted(s.advantage for s in own.samples[24:32]) == [-0.125] * 7 + [0.875]
+
+
+def test_set_is_the_default_and_exactly_the_marginal_set_advantage(world):
+    """The default is SPIRAL, bit for bit: search rows are spiral_advantages(sets, rewards)[0] (==, not approx),
+    and carry no reward."""
+    from advantages import spiral_advantages
+
+    good, _, drawn_sets = world
+    default, explicit = _collect(["p0", "p1"]), _collect(["p0", "p1"], "set")
+    assert [(s.advantage, s.reward) for s in default.samples] == [(s.advantage, s.reward) for s in explicit.samples]
+    for i, name in enumerate(["p0", "p1"]):
+        rewards_K_N2 = np.array([[float(j < len(set(s) & good[name])) for j in range(4)] for s in drawn_sets[i]])
+        adv_N1, adv_K_N2 = spiral_advantages(drawn_sets[i], rewards_K_N2, 8)
+        block = default.samples[i * 24:(i + 1) * 24]
+        assert [s.advantage for s in block[:8]] == adv_N1.tolist() and {s.reward for s in block[:8]} == {None}
+        assert [s.advantage for s in block[8:]] == adv_K_N2.ravel().tolist()
+
+
+def test_own_keeps_a_problem_whose_search_rewards_alone_differ(monkeypatch):
+    """Dynamic sampling keeps a problem when any advantage is non-zero: an aggregator that is always wrong gives set
+    RL nothing (skipped), while "own" still has the search traces' own rewards (kept)."""
+    def generate(model, tokenizer, prompts, *, samples_per_prompt, **kwargs):
+        if prompts[0].startswith("You are given a problem"):  # aggregation: always wrong
+            return [[_completion("\\boxed{0}", 3, 1.0)] * samples_per_prompt for _ in prompts]
+        return [[_completion(f"\\boxed{{{int(j < 2)}}}", 5, 1.0) for j in range(samples_per_prompt)] for _ in prompts]
+
+    monkeypatch.setattr(spiral, "generate", generate)
+    monkeypatch.setattr(spiral, "reward", fake_reward)
+    for choice, kept in (("set", 0), ("own", 1)):
+        out = _collect(["q"], choice, max_draws=1)
+        assert out.metrics["problems_kept"] == kept and len(out.samples) == 24 * kept
+
+
+def test_own_with_the_length_rule_and_the_aggregator_adapter(world):
+    """The length-aware rule applies to the own-reward advantages too (a right search trace longer than L_target
+    gets 0), and the two-model variant still wraps the aggregation call only."""
+    good, calls, _ = world
+    plain, capped = _collect(["p0"], "own"), _collect(["p0"], "own", target_length=11)
+    for a, b in zip(plain.samples[:8], capped.samples[:8]):  # search trace j has 10 + j tokens
+        assert b.advantage == (0.0 if a.advantage > 0 and len(a.completion_ids) > 11 else a.advantage)
+    assert sum(a.advantage != b.advantage for a, b in zip(plain.samples[:8], capped.samples[:8])) == 1  # trace 2
+    entered = []
+
+    class Marker:
+        def __enter__(self):
+            entered.append(len(calls))
+
+        def __exit__(self, *exc):
+            entered.append(len(calls))
+
+    before = len(calls)
+    _collect(["p0"], "own", aggregation_adapter=Marker)
+    assert entered == [before + 1, before + 2]
+
+
+def test_search_advantage_is_checked(world):
+    with pytest.raises(ValueError, match="'set' or 'own'"):
+        _collect(["p0"], "mine")
+    with pytest.raises(ValueError, match="concerns set RL only"):
+        _collect(["p0"], "own", search_advantage_scale=0.5)
+    assert _collect(["p0"], "set", search_advantage_scale=0.5).samples  # set RL takes the scale
+
+
+def test_tokens_generated_are_split_by_level(world):
+    """tokens_per_problem_{search,aggregation}: completion tokens generated per drawn problem on each level (a
+    skipped problem's count too), summing to tokens_per_problem."""
+    out = spiral.collect_spiral(None, None, problems_in_order("p2", "p0"), batch_problems=1, max_new_tokens=64,
+                                rng=np.random.default_rng(0))
+    m = out.metrics
+    search, aggregation = sum(10 + j for j in range(8)), 4 * sum(3 + i for i in range(4))  # per drawn problem
+    assert m["problems_drawn"] == 2 and m["tokens_generated"] == 2 * (search + aggregation)
+    assert m["tokens_per_problem_search"] == search and m["tokens_per_problem_aggregation"] == aggregation
+    assert m["tokens_per_problem"] == search + aggregation  # per DRAWN problem: the skipped p2 counts

@@ -119,17 +119,25 @@ def test_warm_start_set_knows_more_than_a_trace(one_thread):
     assert m["aggregation"] > m["single"] + 0.15  # the aggregator combines parts
 
 
-@pytest.mark.parametrize("algo", ["spiral", "grpo"])
-def test_preset_trains_a_few_steps(algo, tmp_path, one_thread):
+@pytest.mark.parametrize("algo, arm", [("spiral", "set"), ("grpo", "set"), ("spiral", "own")])
+def test_preset_trains_a_few_steps(algo, arm, tmp_path, one_thread, capsys):
     cfg = train.resolve_config({"preset": "tiny_parts", "algo": algo})
     assert cfg.model == tiny_parts.WARM_START_DIR and cfg.data == tiny_parts.PROBLEMS_FILE
     assert train.token_budget_per_problem(cfg) == 384  # equal budget: (8 + 16) x 16 = 12 x 32
     out = tmp_path / algo
     assert train.main(["--preset", "tiny_parts", "--algo", algo, "--steps", "2", "--batch-problems", "2",
-                       "--out", str(out), "--no-plot"]) == 0
+                       "--out", str(out), "--no-plot", *(["--search-advantage", arm] if arm == "own" else [])]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and (out / "adapter" / "adapter_model.safetensors").is_file()
     assert rows[0]["token_budget_per_problem"] == 384
+    assert json.loads((out / "config.json").read_text())["search_advantage"] == arm
+    printed = capsys.readouterr().out
+    assert "at most " + ("(8 + 4 x 4) x 16" if algo == "spiral" else "12 x 32") + " = 384 completion tokens" in printed
+    mean = sum(r["tokens_per_problem"] for r in rows) / 2
+    assert f"tokens generated per drawn problem, mean over steps 1-2: {mean:.0f}" in printed
+    if algo == "spiral":  # search and aggregation apart, and they add up
+        assert all(r["tokens_per_problem_search"] + r["tokens_per_problem_aggregation"] == pytest.approx(
+            r["tokens_per_problem"]) and r["tokens_per_problem_search"] > 0 for r in rows)
 
 
 def test_benchmark_table_reports_mean_spread_and_range_over_seeds():
@@ -176,11 +184,120 @@ def test_measure_counts_each_figure_as_its_docstring_defines(monkeypatch):
     monkeypatch.setattr(rollout, "generate", fake_generate)
     m = tiny_parts.measure(None, None, [p1, p2], samples=8, set_size=4)
     assert calls == [(2, 8), (4, 1)]
+    # right digits per trace: p1 3,3,2,2,2,2,2,0; p2 3,3,3,0,0,0,0,0 (None: no answer)
     assert m == {"single": 5 / 16,  # 2 + 3 right traces of 16
+                 "digit": (16 + 9) / 48,
                  "majority": (0.5 + 0.0) / 2,  # p1: a two-way tie holding the answer; p2: 999 wins
                  "any_right": 2 / 4,  # the first set of each problem holds a right trace
                  "parts_right": 3 / 4,  # p1's second set: 7 from 750, 5 from 750/954, 4 from 954; p2's second: none
+                 # per-position plurality: p1's first set 754 outright; its second (750 954 954 111): 9 beats 7;
+                 # p2's first 321; its second (999 999 999 ''): 999
+                 "plurality": (1 + 0 + 1 + 0) / 4,
                  "aggregation": 3 / 4}
+
+
+def test_plurality_chance_is_the_mean_over_tie_breaks_of_plurality_parts():
+    """_plurality_right (exact: 1/(digits tied) per position) against plurality_parts' random tie-breaks counted."""
+    assert tiny_parts._plurality_right(["154", "724", "750", "954"], "754") == 1.0
+    assert tiny_parts._plurality_right(["12", "34"], "14") == 0.25  # two 2-way ties
+    assert tiny_parts._plurality_right(["12", "12", "34"], "34") == 0.0
+    assert tiny_parts._plurality_right(["9", "12", "", "12"], "12") == 1.0  # other lengths ignored
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        answers = [tiny_parts.noisy_parts_answer("754", rng, 0.4) for _ in range(4)]
+        counted = np.mean([tiny_parts.plurality_parts(answers, rng) == "754" for _ in range(2000)])
+        assert abs(counted - tiny_parts._plurality_right(answers, "754")) < 0.035
+
+
+@pytest.mark.parametrize("task", list(tiny_parts.TASKS.values()), ids=list(tiny_parts.TASKS))
+def test_training_and_heldout_splits_are_disjoint_and_shipped_as_generated(task):
+    """Each task trains on one split and is evaluated on another: no problem text in both; the shipped files are
+    the generator's output byte for byte; train.py's preset reads the training split, evaluate.py's the held-out."""
+    import evaluate
+
+    train_split = problemset.load_problems(task.problems_file)
+    heldout = problemset.load_problems(task.heldout_file)
+    assert len(train_split) == 1000 and len(heldout) == 200
+    assert not {p.problem for p in train_split} & {p.problem for p in heldout}
+    assert len({p.problem for p in heldout}) == 200
+    assert all(len(p.answer) == task.digits for p in train_split + heldout)
+    for path, split in ((task.problems_file, False), (task.heldout_file, True)):
+        with open(path, encoding="utf-8") as f:
+            assert f.read() == tiny_parts.problems_jsonl(task.digits, split)
+    assert train.resolve_config({"preset": task.name}).data == task.problems_file
+    assert evaluate.PRESETS[task.name]["data"] == task.heldout_file and evaluate.PRESETS[task.name]["model"] == \
+        task.warm_start_dir == train.resolve_config({"preset": task.name}).model
+
+
+def test_the_heldout_draw_skips_training_problems():
+    """heldout_problems excludes the training ids (its seed alone would repeat some: 108,900 possible problems)."""
+    train_ids = {p.id for p in tiny_parts.parts_problems()}
+    plain = tiny_parts.parts_problems(5000, tiny_parts.HELDOUT_SEED)
+    assert {p.id for p in plain} & train_ids  # the exclusion is needed
+    assert [p for p in plain if p.id not in train_ids][:200] == tiny_parts.heldout_problems()
+
+
+def test_search_credit_compares_both_line_13s_on_the_same_rollouts(monkeypatch):
+    """A scripted world: search trace j writes answers[j] for every problem; an aggregation trace is right iff its
+    set holds trace 0 (it writes 11). Problems "11" and "10" make the right digits differ by problem (k_j: 2,2,1,1,1,0,0,0 for
+    "11"; 1,1,2,2,2,1,1,1 for "10"), so the score's P(right) is the mean over every trace of every problem. Both arms'
+    figures are recomputed with plain loops."""
+    from advantages import spiral_advantages
+
+    answers = ["11", "11", "10", "10", "10", "00", "00", "00"]
+
+    def fake_generate(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens):
+        if samples_per_prompt == 8:
+            return [[rollout.Completion([], [], [], f"t{j} \\boxed{{{a}}}", False) for j, a in enumerate(answers)]
+                    for _ in prompts]
+        return [[rollout.Completion([], [], [], "\\boxed{11}" if "t0 " in prompt else "\\boxed{0}", False)] * 4
+                for prompt in prompts]
+
+    monkeypatch.setattr(rollout, "generate", fake_generate)
+    golds = ["11", "10", "11"]
+    problems = [problemset.Problem(f"What is {g}?", g) for g in golds]
+    out = tiny_parts.search_credit(None, None, problems, seed=0)
+    right_P_N1 = np.array([[sum(x == y for x, y in zip(a, g)) for a in answers] for g in golds])  # (3, 8)
+    assert out["traces_by_right_digits"] == np.bincount(right_P_N1.ravel(), minlength=3).tolist() == [6, 11, 7]
+    rng = np.random.default_rng(0)
+    expected = {"set": [], "own": []}
+    for g in golds:
+        sets = tiny_parts_sample_sets(rng)
+        rewards_K_N2 = np.array([[float(0 in G and g == "11")] * 4 for G in sets])  # it writes 11: wrong for 10
+        expected["set"].append(spiral_advantages(sets, rewards_K_N2, 8)[0])
+        r = np.array([float(a == g) for a in answers])
+        expected["own"].append(r - r.mean())
+    kbar = right_P_N1.mean()
+    for arm, adv in expected.items():
+        adv = np.array(adv)
+        signal_P = [sum(adv[p, j] * (right_P_N1[p, j] - kbar) for j in range(8)) / 2 for p in range(3)]
+        assert out[arm]["signal"] == pytest.approx(np.mean(signal_P))
+        assert out[arm]["signal_sd"] == pytest.approx(np.std(signal_P, ddof=1))
+        assert out[arm]["by_right_digits"][2] == pytest.approx(adv[right_P_N1 == 2].mean())
+    assert out["own"]["by_right_digits"][2] == pytest.approx(np.mean([0.75] * 4 + [0.625] * 3))
+    assert out["own"]["nonzero"] == 1.0
+
+
+def test_measure_grades_a_digit_only_in_an_answer_of_the_right_length(monkeypatch):
+    """"7540" holds 754's digits at their positions but is not a 3-digit answer: no digit of it counts, nor for the
+    set's parts or plurality."""
+    p = problemset.Problem("What is 352 + 402?", "754")
+
+    def fake_generate(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens):
+        if samples_per_prompt > 1:
+            return [[rollout.Completion([], [], [], tiny_parts.parts_trace(p.problem, a), False)
+                     for a in ["7540", "7540", "154", "111"]]]
+        return [[rollout.Completion([], [], [], "x", False)]]
+
+    monkeypatch.setattr(rollout, "generate", fake_generate)
+    m = tiny_parts.measure(None, None, [p], samples=4, set_size=4)
+    assert m["digit"] == pytest.approx(2 / 12) and m["parts_right"] == 0.0 and m["plurality"] == 0.0
+
+
+def tiny_parts_sample_sets(rng):
+    from setsample import sample_sets
+
+    return sample_sets(8, 4, 4, rng=rng)
 
 
 def test_warm_start_loss_is_the_mean_over_every_completion_token_of_the_batch(one_thread):
@@ -246,3 +363,57 @@ def test_warm_start_reports_its_progress_in_a_log_file(tmp_path, monkeypatch, ca
     assert [line.split(" (")[0] for line in lines] == ["tiny_parts.py: warm start: 1/2 steps",
                                                        "tiny_parts.py: warm start: 2/2 steps"]
     assert all(", loss " in line for line in lines)
+
+
+def test_noisy_solver_credit_meets_the_closed_form_of_the_own_reward_arm():
+    """For the noisy solver, E[sum_j (r_j - rbar)(k_j - kbar)] / D = (N1 - 1) Cov(r, k) / D = (N1 - 1) p^D (1 - p):
+    only a wholly right trace (probability p^D, k = D) has r = 1. Set RL credits partial traces: its mean advantage
+    rises with the right digits, and it gives signal on more problems than own's while traces are mostly wrong."""
+    for digits, p in ((3, 0.6), (6, 0.5)):
+        out = tiny_parts.noisy_solver_credit(digits, p, problems=3000, seed=1)
+        expected = (8 - 1) * p**digits * (1 - p)
+        assert abs(out["own"]["signal"] - expected) < 3 * out["own"]["signal_sd"] / np.sqrt(3000) + 0.01 * expected
+        assert out["traces_by_right_digits"][digits] / (3000 * 8) == pytest.approx(p**digits, abs=0.01)
+    by_digits = out["set"]["by_right_digits"]  # the last one: 6 digits at p = 0.5
+    assert all(a < b for a, b in zip(by_digits, by_digits[1:]))  # credit for every right digit
+    assert max(abs(a) for a in out["own"]["by_right_digits"][:-1]) < 0.05 < out["own"]["by_right_digits"][-1]
+    assert out["set"]["nonzero"] > 3 * out["own"]["nonzero"]
+
+
+def test_cli_builds_the_six_digit_task_from_the_three_digit_warm_start_only(tmp_path, monkeypatch, capsys):
+    """--task tiny_parts6 writes its own problem files and calls warm_start with its digits, p_digit and init; it
+    refuses to replace the tiny_parts warm start (another task's) and needs that warm start to continue from."""
+    built = []
+    monkeypatch.setattr(tiny_parts, "warm_start", lambda out, **kw: built.append((out, kw)))
+    task = tiny_parts.TASKS["tiny_parts6"]
+    monkeypatch.setitem(tiny_parts.TASKS, "tiny_parts6", tiny_parts.PartsTask(
+        task.name, 6, 0.5, str(tmp_path / "p6.jsonl"), task.warm_start_dir, task.init, task.steps))
+    assert tiny_parts.main(["--task", "tiny_parts6", "--out", str(tmp_path / "w")]) == 0
+    assert built == [(str(tmp_path / "w"), dict(seed=0, digits=6, p_digit=0.5, init=tiny_parts.WARM_START_DIR,
+                                                steps=400, task="tiny_parts6"))]
+    assert (tmp_path / "p6_heldout.jsonl").read_text() == tiny_parts.problems_jsonl(6, heldout=True)
+    shutil_copy = __import__("shutil").copytree
+    shutil_copy(tiny_parts.WARM_START_DIR, tmp_path / "three")
+    capsys.readouterr()
+    assert tiny_parts.main(["--task", "tiny_parts6", "--out", str(tmp_path / "three")]) == 2
+    assert "holds the tiny_parts warm start, not a tiny_parts6 one" in capsys.readouterr().err
+    monkeypatch.setitem(tiny_parts.TASKS, "tiny_parts6", tiny_parts.PartsTask(
+        task.name, 6, 0.5, str(tmp_path / "p6.jsonl"), task.warm_start_dir, str(tmp_path / "gone"), task.steps))
+    assert tiny_parts.main(["--task", "tiny_parts6", "--out", str(tmp_path / "w2")]) == 2
+    assert "continues from" in capsys.readouterr().err and len(built) == 1
+
+
+def test_six_digit_warm_start_one_trace_is_almost_never_right_a_set_often_is(one_thread):
+    """The property tiny_parts6 exists for, on its shipped warm start (fixed problems and seed): pass@1 near 0, a
+    set holds every digit most of the time, and the aggregator makes several times one trace's accuracy."""
+    task = tiny_parts.TASKS["tiny_parts6"]
+    with open(os.path.join(task.warm_start_dir, "warm_start.json")) as f:
+        recipe = json.load(f)["recipe"]
+    assert (recipe["task"], recipe["digits"], recipe["p_digit"], recipe["steps"], recipe["init"]) == \
+        ("tiny_parts6", 6, 0.5, 400, "tiny_parts_warmstart")
+    model, tokenizer = rollout.load_policy(task.warm_start_dir, device="cpu")
+    m = tiny_parts.measure(model, tokenizer, tiny_parts.parts_problems(digits=6)[:60], samples=8, set_size=4, seed=0,
+                           max_new_tokens=28)
+    assert m["single"] < 0.05 and 0.4 < m["digit"] < 0.6  # each digit right about half the time
+    assert m["parts_right"] > 0.5 and m["plurality"] > m["single"] + 0.04
+    assert m["aggregation"] > m["single"] + 0.03

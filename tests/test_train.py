@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+import figures
 import rollout
 import train
 import tiny
@@ -52,6 +53,9 @@ BAD = {  # argv after "--preset tiny --data ok.jsonl --out new" -> a word the on
     "resume without checkpoint": (["--out", "{tmp}/oldrun", "--resume"], "no checkpoint"),
     "resume and overwrite": (["--out", "{tmp}/oldrun", "--resume", "--overwrite"], "exclude each other"),
     "grpo with aggregator": (["--algo", "grpo", "--separate-aggregator"], "needs --algo spiral"),
+    "grpo with own": (["--algo", "grpo", "--search-advantage", "own"], "--search-advantage own needs --algo spiral"),
+    "own with 1/M": (["--search-advantage", "own", "--unbiased-set-rl"], "--search-advantage own has none"),
+    "unknown search advantage": (["--search-advantage", "mine"], "invalid choice"),
 }
 
 
@@ -125,6 +129,41 @@ def test_resume_refuses_changed_settings():
     assert train.resolve_config({"resume": True, "steps": 50}, saved).steps == 50  # --steps may grow
     with pytest.raises(train.ConfigError, match="--lr"):
         train.resolve_config({"resume": True, "lr": 1.0}, saved)
+    with pytest.raises(train.ConfigError, match="--search-advantage own differs from the checkpoint's set"):
+        train.resolve_config({"resume": True, "search_advantage": "own"}, saved)
+    assert saved["search_advantage"] == "set"  # config.json records the arm
+    older = {k: v for k, v in saved.items() if k != "search_advantage"}  # a run from before the switch: SPIRAL
+    assert train.resolve_config({"resume": True}, older).search_advantage == "set"
+
+
+@pytest.mark.parametrize("preset", list(train.PRESETS))
+def test_spiral_and_grpo_have_the_same_maximum_budget_in_every_preset(preset):
+    """SPIRAL's (N1 + K N2) L and GRPO's G L, each computed from the preset's own settings, are equal; the written-out
+    budget says the same."""
+    spiral_cfg = train.resolve_config({"preset": preset})
+    grpo_cfg = train.resolve_config({"preset": preset, "algo": "grpo"})
+    spiral_budget = (spiral_cfg.num_search + spiral_cfg.num_sets * spiral_cfg.num_aggregations) \
+        * spiral_cfg.max_new_tokens
+    assert train.token_budget_per_problem(spiral_cfg) == spiral_budget == grpo_cfg.group_size * grpo_cfg.max_new_tokens
+    assert train.token_budget_per_problem(grpo_cfg) == spiral_budget
+    assert train.budget_line(spiral_cfg).endswith(f"= {spiral_budget:,}") and train.budget_line(spiral_cfg).startswith(
+        f"({spiral_cfg.num_search} + {spiral_cfg.num_sets} x {spiral_cfg.num_aggregations}) x ")
+    assert train.budget_line(grpo_cfg) == f"{grpo_cfg.group_size} x {grpo_cfg.max_new_tokens} = {spiral_budget:,}"
+
+
+def test_generated_tokens_line_reports_means_by_level():
+    cfg = train.resolve_config({"preset": "tiny_parts"})
+    rows = [{"step": 1, "tokens_per_problem": 300.0, "tokens_per_problem_search": 100.0,
+             "tokens_per_problem_aggregation": 200.0},
+            {"step": 2, "tokens_per_problem": 340.0, "tokens_per_problem_search": 110.0,
+             "tokens_per_problem_aggregation": 230.0}]
+    assert figures.generated_tokens_line(rows, True, train.budget_line(cfg)) == (
+        "tokens generated per drawn problem, mean over steps 1-2: 320 (search 105, aggregation 215), of at most "
+        "(8 + 4 x 4) x 16 = 384")
+    grpo = train.resolve_config({"preset": "tiny_parts", "algo": "grpo"})
+    assert figures.generated_tokens_line([{"step": 3, "tokens_per_problem": 168.0}], False,
+                                         train.budget_line(grpo)).endswith(
+        "steps 3-3: 168, of at most 12 x 32 = 384")
 
 
 def test_overwrite_accepts_a_run_directory(files):
@@ -132,3 +171,14 @@ def test_overwrite_accepts_a_run_directory(files):
                                 "overwrite": True, "batch_problems": 1})  # ok.jsonl holds one problem
     assert [p.answer for p in train.validate(cfg)] == ["2"]
     assert os.path.exists(files / "oldrun" / "metrics.jsonl")  # validation itself deletes nothing
+
+
+def test_collect_passes_the_search_advantage_and_the_unbiased_scale_to_spiral(monkeypatch):
+    """train.collect hands --search-advantage to spiral.collect_spiral, and 1/M only with --unbiased-set-rl."""
+    seen = []
+    monkeypatch.setattr(train.spiral, "collect_spiral", lambda *a, **kw: seen.append(kw))
+    for flags in ({}, {"search_advantage": "own"}, {"unbiased_set_rl": True}):
+        train.collect(train.resolve_config({"preset": "tiny", **flags}), None, None, None, None)
+    assert [kw["search_advantage"] for kw in seen] == ["set", "own", "set"]
+    assert [kw["search_advantage_scale"] for kw in seen][:2] == [1.0, 1.0]
+    assert seen[2]["search_advantage_scale"] == pytest.approx(1 / train.setsample.gradient_scale(8, 4, 4))

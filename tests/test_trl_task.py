@@ -393,3 +393,27 @@ def test_a_spiral_config_and_a_grpo_config_that_disagree_are_refused(tiny, tmp_p
         trl_spiral.SpiralGRPOTrainer(model, reward_funcs=lambda prompts, completions, **_: [0.0],
                                      args=user_args(tmp_path), train_dataset=chat_dataset(),
                                      processing_class=tokenizer, spiral_config=cfg)
+
+
+def test_the_trainer_hands_search_advantage_to_collect_spiral(tiny, tmp_path, monkeypatch):
+    """--search_advantage own (the ablation of Algorithm 1, line 13) reaches spiral.collect_spiral; unset is SPIRAL."""
+    model, tokenizer = tiny
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["search_advantage"])
+        raise Stop
+
+    monkeypatch.setattr(spiral, "collect_spiral", recording)
+    for arm, expected in ((None, "set"), ("own", "own")):
+        settings = dataclasses.replace(SPIRAL, search_advantage=arm)
+        trainer = trl_spiral.SpiralGRPOTrainer(model, reward_funcs=[lambda prompts, completions, **_: [0.0] *
+                                                                   len(completions)],
+                                               args=user_args(tmp_path / str(arm)), train_dataset=chat_dataset(),
+                                               processing_class=tokenizer, spiral_config=settings)
+        with pytest.raises(Stop):
+            trainer._generate_and_score_completions([row for row in chat_dataset() for _ in range(G)])
+        assert seen[-1] == expected

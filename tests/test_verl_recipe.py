@@ -23,11 +23,13 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
+import problemset  # noqa: E402
 import rollout  # noqa: E402
 import verl_spiral  # noqa: E402
 from advantages import spiral_advantages  # noqa: E402
 from recipe.spiral import main_spiral, prepare_data  # noqa: E402
 from recipe.spiral.agent_loop.spiral_agent_loop import SpiralAgentLoop  # noqa: E402
+from recipe.spiral.verl_task import TaskError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 N1, n, K, N2, L = 4, 2, 3, 2, 8
@@ -35,7 +37,7 @@ TINY = ["data.train_batch_size=2", f"actor_rollout_ref.actor.ppo_mini_batch_size
         f"spiral.num_search={N1}", f"spiral.set_size={n}", f"spiral.num_sets={K}", f"spiral.num_aggregations={N2}",
         "trainer.n_gpus_per_node=1", f"actor_rollout_ref.model.path={ROOT}/data/tiny_warmstart",
         f"data.max_response_length={L}", f"actor_rollout_ref.actor.loss_scale_factor={L}", "data.max_prompt_length=90",
-        "data.dataloader_num_workers=0"]
+        "spiral.max_prompt_tokens=40", "data.dataloader_num_workers=0"]
 
 
 def composed(*overrides):
@@ -75,12 +77,21 @@ def tokenizer():
     return rollout.load_policy(str(ROOT / "data/tiny_warmstart"), device="cpu")[1]
 
 
-def run_agent_loop(tokenizer, good_search, config, index=0):
-    server = StandInServer(tokenizer, good_search)
+def prepared_row(problem="What is 3 + 4?", answer="1", index=0):
+    """A row as prepare_data writes it."""
+    return {"data_source": "spiral/x", "prompt": [{"role": "user", "content": rollout.search_prompt(problem)}],
+            "ability": "math", "reward_model": {"style": "rule", "ground_truth": answer},
+            "extra_info": {"split": "train", "index": index, "problem": problem}}
+
+
+def run_agent_loop(tokenizer, good_search, config, index=0, row=None, server=None):
+    """The agent loop's run() on one dataset row, with the fields verl's AgentLoopWorker hands it (RLHFDataset's
+    raw_prompt, the row's columns, the uid, the step and the session)."""
+    server = server or StandInServer(tokenizer, good_search)
+    row = row or prepared_row(index=index)
     loop = SpiralAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
                            processor=None, dataset_cls=None, data_config=DictConfigWrap(config.data))
-    rows = asyncio.run(loop.run({"temperature": 1.0}, extra_info={"problem": "What is 3 + 4?"},
-                                reward_model={"ground_truth": "1"}, data_source="spiral/x", index=index,
+    rows = asyncio.run(loop.run({"temperature": 1.0}, **row, raw_prompt=list(row["prompt"]), index=index,
                                 global_steps=1, session_id=0, uid=f"prompt-{index}"))
     return rows, server
 
@@ -116,13 +127,25 @@ def test_the_agent_loop_returns_algorithm_1_s_rows(tokenizer):
     assert np.abs(search_N1).max() > 0
 
 
-def test_prompts_are_capped_as_verl_caps_them(tokenizer):
-    config = composed("data.max_prompt_length=10")
-    rows, server = run_agent_loop(tokenizer, {1}, config)
-    full = rollout.chat_prompt_ids(tokenizer, rollout.search_prompt("What is 3 + 4?"))
-    assert len(full) > 10  # the search prompt itself is longer than the cap here
-    assert server.prompts[0] == full[-10:]  # verl's rule: keep the last tokens
-    assert all(len(p) == 10 for p in server.prompts) and all(len(r.prompt_ids) == 10 for r in rows)
+def test_the_search_prompt_is_the_row_s_prompt_and_an_aggregation_prompt_never_loses_the_problem(tokenizer):
+    """The search prompt is the row's chat messages (capped as verl caps prompts, were one too long); an aggregation
+    prompt over the cap loses the ends of its traces, not its front, where the problem is (verl's own cap would)."""
+    problem = "What is 3 + 4? Add 3 and 4, then report the sum of the two numbers."
+    full = rollout.chat_prompt_ids(tokenizer, rollout.search_prompt(problem))
+    rows, server = run_agent_loop(tokenizer, {1}, composed(), row=prepared_row(problem))
+    assert server.prompts[0] == full and rows[0].prompt_ids == full
+    template_and_problem = len(rollout.chat_prompt_ids(tokenizer, rollout.aggregation_prompt(problem, [""] * n)))
+    cap = template_and_problem + 3  # room for 3 of the n x L trace tokens
+    rows, server = run_agent_loop(tokenizer, {1}, composed(f"data.max_prompt_length={cap}"), row=prepared_row(problem))
+    aggregation = [tokenizer.decode(p) for p in server.prompts[N1:]]
+    assert len(aggregation) == K * N2 and all(len(p) <= cap for p in server.prompts[N1:])
+    assert all(f"Problem:\n\n{problem}\n\nSolution 1:" in text and text.endswith(
+        "within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n") for text in aggregation)
+    assert any("GOOD" in text or "BAD" in text for text in aggregation)  # what fits of the traces stays
+    server = StandInServer(tokenizer, {1})  # a row SpiralDataset would have dropped: its search prompt is cut as verl
+    with pytest.raises(TaskError, match="should have been filtered"):  # cuts it, its aggregation prompt is refused
+        run_agent_loop(tokenizer, {1}, composed("data.max_prompt_length=10"), row=prepared_row(problem), server=server)
+    assert server.prompts[0] == full[-10:] and len(server.prompts) == N1
 
 
 def test_set_draws_are_reproducible_per_prompt_and_step(tokenizer):
@@ -211,6 +234,16 @@ def test_a_padded_batch_through_compute_advantage_and_compute_metrics(transfer_q
     assert step_metrics["training/off_policy/trajectory_spans/max"] == 2
 
 
+def test_the_spiral_trainer_runs_verl_s_sync_code_paths():
+    """verl branches on trainer_mode == "sync" (its replay buffer, the dataloader's fetch size, what a checkpoint
+    holds): the trainer registered as "spiral_sync" runs as verl's synchronous trainer."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    trainer = main_spiral.register_spiral()(config=composed())
+    assert trainer.trainer_mode == "sync" and type(trainer.replay_buffer) is ReplayBuffer
+    assert trainer.parameter_sync_step == 1
+
+
 def test_the_entry_point_s_task_runner_resolves_the_trainer_and_gets_to_the_gpus(transfer_queue, tmp_path,
                                                                                  monkeypatch):
     """The TaskRunner's run(), in this process (its Ray actor's body), from a registry without "spiral_sync": it
@@ -218,7 +251,7 @@ def test_the_entry_point_s_task_runner_resolves_the_trainer_and_gets_to_the_gpus
     stops where verl asks Ray for GPUs."""
     from verl.trainer.ppo.v1 import trainer_base
 
-    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "tiny_sums"]) == 0
+    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "aime2024"]) == 0
     monkeypatch.delitem(trainer_base.TRAINER_REGISTRY, "spiral_sync", raising=False)
     monkeypatch.setattr(verl_spiral, "_TRAINER", None)
     reached = {}
@@ -257,6 +290,33 @@ def test_the_composed_yaml_passes_verl_s_validation_up_to_the_missing_rollout_en
                                                ("data.max_prompt_length", 17408),
                                                ("actor_rollout_ref.actor.ppo_mini_batch_size", 6144)]])
     main_spiral.check_spiral_config(paper)  # the shipped values, as run_spiral_qwen3_4b_8gpu.sh passes them
+
+
+def script_overrides(script: str) -> list[str]:
+    """The Hydra overrides a run script hands main_spiral (its shell variables as NNODES=1 would set them)."""
+    text = (ROOT / "recipe/spiral" / script).read_text()
+    for variable, value in [('"$NNODES"', "1"), ('"$BATCH"', "256"), ("$((BATCH * 24))", "6144")]:
+        text = text.replace(variable, value)
+    command = text[text.index("\npython -m recipe.spiral.main_spiral"):].replace("\\\n", " ").split()
+    return [word for word in command if "=" in word and not word.startswith("+")]
+
+
+@pytest.mark.parametrize("script", ["run_spiral_qwen3_4b_8gpu.sh", "run_spiral_qwen3_4b_multinode.sh"])
+def test_a_run_script_trains_the_paper_s_two_epochs_and_saves_at_the_last_step(script, monkeypatch):
+    """verl's own loop (PPOTrainer.fit) on the run script's settings over math_train: every step of 2 epochs, the last
+    one saved. SpiralDataset may drop some problems; the steps then follow (total_training_steps is null)."""
+    from tests.test_verl_spiral import verl_fit_steps
+
+    with initialize_config_dir(config_dir=str(ROOT / "recipe/spiral/config"), version_base=None):
+        config = compose("spiral_trainer", overrides=script_overrides(script))
+    main_spiral.check_spiral_config(config)
+    trainer, batch = config.trainer, config.data.train_batch_size
+    for rows in (len(problemset.load_problems("math_train")), 7000):  # all 7,470 fit, or fewer
+        assert verl_spiral.run_length_problem(rows, batch, trainer.total_epochs, trainer.total_training_steps) is None
+        ran, saved = verl_fit_steps(monkeypatch, rows, batch, trainer.total_epochs, trainer.total_training_steps,
+                                    save_freq=trainer.save_freq)
+        steps = 2 * (rows // 256)
+        assert ran == list(range(1, steps + 1)) and saved[-1] == steps and len(saved) == -(-steps // 10)
 
 
 @pytest.mark.parametrize("override, key", [
@@ -300,8 +360,8 @@ def test_the_entry_point_refuses_in_one_line_before_ray_starts(override, message
 
 
 def test_prepare_data_replaces_only_its_own_files(tmp_path, capsys):
-    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "tiny_sums"]) == 0
-    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "tiny_sums"]) == 0  # its own
+    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "aime2024"]) == 0
+    assert prepare_data.main(["--out", str(tmp_path), "--train", "tiny_sums", "--test", "aime2024"]) == 0  # its own
     (tmp_path / "math500.parquet").write_bytes(b"a user's file")
     before = (tmp_path / "tiny_sums.parquet").read_bytes()
     capsys.readouterr()
@@ -329,6 +389,38 @@ def test_prepare_data_writes_verl_s_schema_and_the_reward_function_grades_it(tmp
     assert len(pd.read_parquet(tmp_path / "aime2024.parquet")) == 30
     assert prepare_data.main(["--out", str(tmp_path / "x"), "--train", "no-such-set"]) == 2
     assert not (tmp_path / "x").exists()  # nothing written when an input is bad
+
+
+@pytest.mark.parametrize("train, test, message", [
+    ("a/sums.jsonl", "b/sums.jsonl", "would both be written to"),
+    ("math500", "math500", "would both be written to"),
+    ("EMPTY.jsonl", "aime2024", "--train EMPTY.jsonl: no problems in it"),
+    ("aime2024", "EMPTY.jsonl", "--test EMPTY.jsonl: no problems in it"),
+])
+def test_prepare_data_never_writes_two_splits_to_one_file_or_an_empty_split(tmp_path, monkeypatch, capsys, train,
+                                                                            test, message):
+    monkeypatch.chdir(tmp_path)
+    for folder in "ab":
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "sums.jsonl").write_text('{"problem": "1 + %d", "answer": "%d"}\n' % (len(folder), 2))
+    (tmp_path / "EMPTY.jsonl").write_text("\n")
+    assert prepare_data.main(["--out", "out", "--train", train, "--test", test]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prepare_data.py: error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_data_maps_a_file_s_columns_as_train_py_does(tmp_path, monkeypatch):
+    import pandas as pd
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.jsonl").write_text('{"question": "What is 2 + 2?", "solution": 4}\n')
+    assert prepare_data.main(["--out", "out", "--train", "mine.jsonl", "--test", "aime2024",
+                              "--data-columns", "problem=question,answer=solution"]) == 0
+    row = pd.read_parquet(tmp_path / "out/mine.parquet").iloc[0]
+    assert row["extra_info"]["problem"] == "What is 2 + 2?" and row["reward_model"]["ground_truth"] == "4"
+    assert prepare_data.main(["--out", "out2", "--train", "mine.jsonl", "--test", "aime2024"]) == 2  # unmapped
+    assert not (tmp_path / "out2").exists()
 
 
 def test_the_recipe_pins_the_verl_it_was_checked_against():

@@ -150,3 +150,67 @@ def test_spiral_trainer_compute_advantage_reads_extra_fields_and_writes_nested_a
         for i, r in enumerate(rows):  # row i: its own advantage on each of its lengths[i] response tokens
             assert torch.equal(nested[i], torch.full((int(lengths[i]),), float(np.float32(r[2]))))
     assert 0 < metrics["spiral/zero_advantage_rows"] < 1
+
+
+def verl_fit_steps(monkeypatch, rows, train_batch_size, total_epochs, total_training_steps, save_freq=3):
+    """verl 0.9.1's own PPOTrainer.fit, on a stand-in trainer whose step() only counts: (steps run, steps saved).
+    steps_per_epoch and total_training_steps are set as PPOTrainer._init_dataloader sets them."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1 import trainer_base
+
+    class Quiet:  # Tracking, the table loggers, SkipManager, tqdm, the TransferQueue: nothing to do here
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    for name in ("Tracking", "ValidationGenerationsLogger", "DapoFilteredRewardTableLogger", "tqdm"):
+        monkeypatch.setattr(trainer_base, name, Quiet)
+    monkeypatch.setattr(trainer_base, "SkipManager", Quiet())
+    monkeypatch.setattr(trainer_base, "tq", Quiet())
+    config = OmegaConf.create({"trainer": {"project_name": "p", "experiment_name": "e", "logger": [],
+                                           "val_before_train": False, "total_epochs": total_epochs,
+                                           "save_freq": save_freq, "test_freq": -1},
+                               "global_profiler": {"steps": None}})
+    ran, saved = [], []
+
+    class Trainer(Quiet):
+        pass
+
+    trainer = Trainer()
+    trainer.config, trainer.global_steps = config, 0
+    trainer.steps_per_epoch = rows // train_batch_size
+    trainer.total_training_steps = total_training_steps or trainer.steps_per_epoch * total_epochs
+    trainer.step = lambda metrics, timing: ran.append(trainer.global_steps) or type("B", (), {"keys": [],
+                                                                                              "partition_id": "t"})()
+    trainer._save_checkpoint = lambda: saved.append(trainer.global_steps)
+    trainer._consume_sync_metrics = lambda: {}
+    trainer_base.PPOTrainer.fit(trainer, agent_loop_manager=None)
+    return ran, saved
+
+
+@pytest.mark.parametrize("rows, batch, epochs, steps", [
+    (7470, 256, 1, 100),  # the shipped run_spiral_qwen3_4b_8gpu.sh before: 29 steps, last save at 27
+    (7470, 256, 4, 100), (7470, 256, 3, 100), (7470, 256, 2, None), (100, 2, 1, 50), (100, 2, 1, 51), (10, 3, 2, 6),
+    (10, 3, 2, 7), (10, 3, 1, None), (5, 2, 3, None), (5, 2, 3, 1), (4, 2, 1, 2),
+])
+def test_run_length_problem_says_whether_verl_s_own_loop_runs_and_saves_the_steps_it_is_set_to(
+        monkeypatch, rows, batch, epochs, steps):
+    """run_length_problem is None exactly where verl's fit() runs total_training_steps steps (verl's default,
+    epochs x rows // batch, when null) and saves at the last of them."""
+    ran, saved = verl_fit_steps(monkeypatch, rows, batch, epochs, steps)
+    wanted = steps or (rows // batch) * epochs
+    runs_what_it_says = ran == list(range(1, wanted + 1)) and saved[-1:] == [wanted]
+    assert (verl_spiral.run_length_problem(rows, batch, epochs, steps) is None) == runs_what_it_says, (ran, saved)
+    if (rows, batch, epochs, steps) == (7470, 256, 1, 100):
+        assert len(ran) == 29 and saved[-1] == 27  # save_freq 3 here; the shipped 10 saved last at 20
+
+
+def test_run_length_problem_names_what_to_change():
+    assert verl_spiral.run_length_problem(7470, 256, 1, 100) == (
+        "trainer.total_training_steps = 100 needs trainer.total_epochs >= 4: 7470 problems // data.train_batch_size "
+        "256 = 29 steps an epoch, and verl stops after epoch 1 (step 29), without the final save")
+    assert "more than the 100 training problems" in verl_spiral.run_length_problem(100, 256, 2, None)
+    assert "at least 1" in verl_spiral.run_length_problem(100, 2, 1, 0)
+    assert "at least 1" in verl_spiral.run_length_problem(100, 2, 0, None)

@@ -2,13 +2,18 @@
 
     line 2      N1 search traces y_1..y_N1 ~ pi(. | x)                       (asyncio.gather of N1 server requests)
     line 5      K sets of n search traces, uniformly without replacement      setsample.sample_sets
-    line 7      N2 aggregation traces ~ pi(. | x, G_l) for each set           rollout.aggregation_prompt
-    line 10     r(x, y) of every aggregation trace                             recipe/spiral/reward_fn.compute_score
+    line 7      N2 aggregation traces ~ pi(. | x, G_l) for each set           verl_task.aggregation_ids
+    line 10     r(x, y) of every aggregation trace                             verl_task.score
+
+The row is read as verl_task.py says (verl's RLHFDataset layout: the prompt's chat messages are the search prompt, x
+in the aggregation prompt is extra_info["problem"] or the last user message). r is the trainer config's
+reward.custom_reward_function, called as verl's naive reward manager calls it.
 
 Each row carries the row contract (verl_spiral.spiral_extra_fields) for SpiralPPOTrainer._compute_advantage, plus what
 verl itself reads from an output's extra_fields: the server's min_global_steps / max_global_steps (the staleness tags
-verl's _compute_metrics needs) and reward_extra_info (copied from the last row onto the others). Prompts are capped as
-verl caps them (AgentLoopBase._cap_text_prompt_length), responses at rollout.response_length.
+verl's _compute_metrics needs) and reward_extra_info (copied from the last row onto the others). A search prompt is
+capped as verl caps prompts (AgentLoopBase._cap_text_prompt_length; SpiralDataset keeps only rows that fit), an
+aggregation prompt by shortening its traces, never the problem; responses at rollout.response_length.
 
 Why the rewards travel in extra_fields: with several outputs, verl copies the last output's reward_score onto every
 other row, so rm_scores cannot hold per-row rewards. The last row's reward_score is set, so that verl's reward loop is
@@ -23,8 +28,7 @@ from uuid import uuid4
 import numpy as np
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-import rollout
-from recipe.spiral.reward_fn import compute_score
+from recipe.spiral import verl_task
 from setsample import sample_sets
 from verl_spiral import spiral_extra_fields
 
@@ -39,11 +43,7 @@ class SpiralAgentLoop(AgentLoopBase):
         self.N1, self.n, self.K, self.N2 = spiral.num_search, spiral.set_size, spiral.num_sets, spiral.num_aggregations
         self.seed = spiral.get("seed", 0)
         self.response_length = self.rollout_config.response_length
-
-    def _prompt_ids(self, text: str) -> list[int]:
-        """The prompt of the user message `text`, chat-formatted and capped as verl caps prompts (once per prompt:
-        an aggregation prompt holds n traces, and N2 samples read it)."""
-        return self._cap_text_prompt_length(rollout.chat_prompt_ids(self.tokenizer, text))
+        self.reward_fn = verl_task.reward_function(self.config)  # r, loaded once a process
 
     async def _sample(self, prompt_ids: list[int], sampling_params: dict) -> tuple[list[int], object]:
         """One trace of `prompt_ids`: (the row's own copy of the prompt ids, verl's TokenOutput)."""
@@ -63,9 +63,16 @@ class SpiralAgentLoop(AgentLoopBase):
         return self.tokenizer.decode(output.token_ids[: self.response_length], skip_special_tokens=True)
 
     async def run(self, sampling_params: dict, **kwargs) -> list[AgentLoopOutput]:
-        problem, gold = kwargs["extra_info"]["problem"], kwargs["reward_model"]["ground_truth"]
+        prompt_key = self.data_config.get("prompt_key", "prompt")
+        # kwargs: the row's columns, and its prompt messages as RLHFDataset hands them on (raw_prompt)
+        why = verl_task.layout_problem({**kwargs, prompt_key: kwargs.get("raw_prompt")}, prompt_key)
+        if why:  # the entry point checked local files before Ray; a remote file's bad row ends its session here
+            raise verl_task.TaskError(f"row {kwargs.get('index')}: {why}")
+        messages, extra_info = list(kwargs["raw_prompt"]), kwargs.get("extra_info") or {}
+        problem, gold = verl_task.problem_text(extra_info, messages), kwargs["reward_model"]["ground_truth"]
+        chat_kwargs = self.apply_chat_template_kwargs
         # Line 2: the search traces.
-        search_ids = self._prompt_ids(rollout.search_prompt(problem))
+        search_ids = self._cap_text_prompt_length(verl_task.prompt_ids(self.tokenizer, messages, chat_kwargs))
         search = await asyncio.gather(*[self._sample(search_ids, sampling_params) for _ in range(self.N1)])
         rows = [self._row(p, out, spiral_extra_fields(is_search=True, set_size=self.n, trace_index=j))
                 for j, (p, out) in enumerate(search)]
@@ -75,13 +82,14 @@ class SpiralAgentLoop(AgentLoopBase):
         sets_K_n = sample_sets(self.N1, self.n, self.K, rng=rng)  # (K, n)
         # Line 7: N2 aggregation traces per set, all K N2 requests at once.
         search_texts = [self._text(out) for _, out in search]  # decoded once; a trace is in K n / N1 sets on average
-        set_ids = [self._prompt_ids(rollout.aggregation_prompt(problem, [search_texts[j] for j in G_l]))
-                   for G_l in sets_K_n]
+        set_ids = [verl_task.aggregation_ids(self.tokenizer, messages, problem, [search_texts[j] for j in G_l],
+                                             self.rollout_config.prompt_length, chat_kwargs) for G_l in sets_K_n]
         aggregation = await asyncio.gather(*[self._sample(set_ids[l], sampling_params)
                                              for l in range(self.K) for _ in range(self.N2)])
-        # Line 10: r(x, y), in worker threads (the grader blocks).
-        rewards = await asyncio.gather(*[asyncio.to_thread(compute_score, kwargs.get("data_source", ""),
-                                                           self._text(out), gold) for _, out in aggregation])
+        # Line 10: r(x, y) = reward.custom_reward_function (a blocking one in worker threads).
+        rewards = await asyncio.gather(*[verl_task.score(self.reward_fn, data_source=kwargs["data_source"],
+                                                         solution_str=self._text(out), ground_truth=gold,
+                                                         extra_info=extra_info) for _, out in aggregation])
         for k, ((p, out), r) in enumerate(zip(aggregation, rewards)):
             l = k // self.N2
             rows.append(self._row(p, out, spiral_extra_fields(is_search=False, set_size=self.n, set_index=l,
