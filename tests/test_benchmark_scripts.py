@@ -64,6 +64,11 @@ def test_a_run_is_reused_only_with_the_same_settings_and_all_its_steps(tmp_path)
     assert runner.run_state(runner.Run("x", run.out, [*flags, "--steps", "1"]))[0] == "finished"
     assert runner.run_state(runner.Run("x", run.out, [*flags, "--steps", "1", "--seed", "1"]))[0] == "differs"
     shutil.rmtree(run.out)
+    _fake_run(tmp_path / "grpo-s0", [*flags, "--steps", "3"], 2, adapter=False)  # part-trained, other settings:
+    assert runner.plan([run], True, "test") == ([(run, ["--overwrite"])], [])  # --overwrite replaces it, never
+    with pytest.raises(SystemExit):  # resumes it; without --overwrite the plan stops
+        runner.plan([run], False, "test")
+    shutil.rmtree(run.out)
     _fake_run(tmp_path / "grpo-s0", flags, 29)  # stopped at step 29 of 30 with no checkpoint: train.py --resume
     assert runner.run_state(run) == ("resume", "")  # restarts it from step 0 (nothing was saved to continue from)
     (tmp_path / "grpo-s0" / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 31)))
