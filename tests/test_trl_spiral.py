@@ -272,6 +272,11 @@ def test_resume_takes_a_larger_max_steps_and_refuses_another_spiral_setting(tmp_
         trl_spiral.resume_checkpoint(hotter, latest)
     with pytest.raises(trl_spiral.checkpoint.CheckpointError, match="written by 1 processes, this run has 2"):
         trl_spiral.resume_checkpoint(longer, SimpleNamespace(resume_from_checkpoint="true", world_size=2))
+    state_file = tmp_path / "run" / "checkpoint-2" / trl_spiral.STATE_FILE  # written by 2 processes, resumed by 1
+    (state,) = json.loads(state_file.read_text())["processes"]
+    state_file.write_text(json.dumps({"processes": [state, state]}))
+    with pytest.raises(trl_spiral.checkpoint.CheckpointError, match="written by 2 processes, this run has 1"):
+        trl_spiral.resume_checkpoint(longer, latest)
 
 
 def lora_grads(model):
