@@ -243,3 +243,21 @@ def test_each_generate_call_of_a_stage_draws_its_own_seed(tmp_path, monkeypatch)
     traces = sampler.search(["What is 1 + 1?", "What is 2 + 2?"], 3, 8)
     assert [len(t) for t in traces] == [3, 3] and sampler.calls == 2
     assert len(set(seeds)) == 2
+
+
+def test_topping_up_a_pool_draws_a_stream_of_its_own(tmp_path, monkeypatch):
+    """k more traces on top of a cached pool of k are drawn from a seed of where the job starts (trace k), not the
+    first k's seed again: the top-up would repeat the pool's traces."""
+    seeds = []
+
+    def generate(model, tokenizer, prompts, *, samples_per_prompt, **_):
+        seeds.append(torch.initial_seed())
+        return [[rollout.Completion([1], [2], [0.0], "t", False)] * samples_per_prompt for _ in prompts]
+
+    monkeypatch.setattr(tracecache.rollout, "generate", generate)
+    cache = tracecache.TraceCache(tmp_path)
+    first = tracecache.Sampler(None, None, cache, IDENTITY, tokens_per_call=1024)
+    assert [len(t) for t in first.search(["What is 1 + 1?"], 2, 8)] == [2]
+    topped_up = tracecache.Sampler(None, None, cache, IDENTITY, tokens_per_call=1024)
+    assert [len(t) for t in topped_up.search(["What is 1 + 1?"], 4, 8)] == [4] and topped_up.calls == 1
+    assert len(seeds) == 2 and seeds[0] != seeds[1]
