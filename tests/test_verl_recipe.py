@@ -249,18 +249,24 @@ def test_a_padded_batch_through_compute_advantage_and_compute_metrics(transfer_q
     metrics = {}
     trainer._compute_advantage(padded, metrics)
     adv = tq.kv_batch_get(keys=padded.keys, partition_id="train", select_fields=["advantages", "returns"])
+    real_adv, real_rewards = [], []  # over the real rows only: what the spiral/* columns are
     for s, rows in enumerate(sessions):  # each real row: its prompt's spiral_advantages on every response token
         fields = [r.extra_fields for r in rows]
         rewards_K_N2 = np.array([[fields[N1 + l * N2 + i]["spiral_reward"] for i in range(N2)] for l in range(K)])
         sets_K_n = np.array([fields[N1 + l * N2]["set_members"] for l in range(K)])
         expected = np.concatenate([a.ravel() for a in spiral_advantages(sets_K_n, rewards_K_N2, N1)])
+        real_adv.extend(expected.tolist())
+        real_rewards.extend(rewards_K_N2.ravel().tolist())
         for i, value in enumerate(expected):
             row = adv["advantages"][s * len(rows) + i]
             assert torch.equal(row, torch.full((L,), float(np.float32(value))))
     for i in range(2 * (N1 + K * N2), 32):  # padding rows: advantage 0, no gradient
         assert not adv["advantages"][i].any() and not adv["returns"][i].any()
     assert metrics["spiral/padding_rows"] == 32 - 2 * (N1 + K * N2)
-    assert metrics["spiral/aggregation_rows"] == 2 * K * N2
+    assert metrics["spiral/aggregation_rows"] == 2 * K * N2 and metrics["spiral/search_rows"] == 2 * N1
+    zero_share = float(np.mean(np.float32(real_adv) == 0))
+    assert 0 < zero_share < 1 and metrics["spiral/zero_advantage_rows"] == pytest.approx(zero_share)  # padding: not
+    assert metrics["spiral/aggregation_accuracy"] == pytest.approx(np.mean(real_rewards))  # counted
     # verl's own metrics step, on the same padded batch: the staleness tags came through (no TypeError).
     trainer.resource_pool_manager = type("Pool", (), {"get_n_gpus": lambda self: 1})()
     step_metrics = {"actor/grad_norm": 1.0}
