@@ -208,6 +208,25 @@ def test_check_task_refuses_a_prompt_cap_without_room_for_the_aggregation_prompt
                           f"template + spiral.set_size x data.max_response_length = 40 + {template} + 2 x 8 = {enough}")
 
 
+def test_a_row_fits_when_both_its_prompts_do_and_the_limits_are_inclusive(tokenizer):
+    """fits(): the search prompt has at most spiral.max_prompt_tokens tokens (a prompt of exactly that many is kept, as
+    train.py keeps it) and the aggregation prompt with n traces of L tokens at most data.max_prompt_length (a row whose
+    search prompt fits but whose aggregation prompt does not is dropped: verl would cut that prompt's front)."""
+    problem = "What is 3 + 4?"
+    row = prepared_row(problem)
+    search = len(verl_task.prompt_ids(tokenizer, row["prompt"]))
+    aggregation = len(verl_task.prompt_ids(tokenizer, verl_task.aggregation_messages(row["prompt"], problem,
+                                                                                     [""] * n))) + n * 8
+
+    def fits(max_search_tokens, max_prompt_length):
+        budget = verl_task.PromptBudget(set_size=n, response_tokens=8, max_search_tokens=max_search_tokens,
+                                        max_prompt_length=max_prompt_length)
+        return verl_task.fits(tokenizer, row, "prompt", budget)
+
+    assert fits(search, aggregation)
+    assert not fits(search - 1, aggregation) and not fits(search, aggregation - 1)
+
+
 def test_long_problems_are_dropped_as_train_py_drops_them_and_spiral_dataset_keeps_the_same_rows(tmp_path, tokenizer,
                                                                                                capsys):
     """A problem whose search prompt is over spiral.max_prompt_tokens is dropped (train.py's --max-prompt-tokens),
