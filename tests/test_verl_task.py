@@ -91,6 +91,32 @@ def test_the_agent_loop_trains_on_the_configured_reward_function(tokenizer, tmp_
     assert adv[0] > 0  # y_0 is in exactly the rewarded sets: its marginal advantage is positive
 
 
+def test_a_function_s_reward_kwargs_reach_it_and_a_nan_is_refused(tmp_path):
+    """Two configs naming one file with other reward.custom_reward_function.reward_kwargs are two functions (each a
+    process loads once), and a NaN score is one line, never a reward."""
+    path = reward_file(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None, "
+                                 "scale=1.0):\n    return scale\n")
+    scores = [verl_task.reward_function(composed(f"reward.custom_reward_function.path={path}",
+                                                 f"+reward.custom_reward_function.reward_kwargs.scale={scale}"))(
+        data_source="x", solution_str="y", ground_truth="1") for scale in (2.0, 3.0)]
+    assert scores == [2.0, 3.0]
+    with pytest.raises(verl_task.TaskError, match="not a finite number"):
+        verl_task.score_value(float("nan"))
+    assert verl_task.score_value({"score": True}) == 1.0
+
+
+def test_x_is_the_last_user_message_and_a_system_message_stays_in_the_aggregation_prompt():
+    """Without extra_info.problem, x is the last user message's text (verl's rows may carry an earlier exchange);
+    the aggregation prompt replaces that message and keeps what came before it, a system message included."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 1 + 1?"},
+                {"role": "assistant", "content": "2"}, {"role": "user", "content": "What is 3 + 4?"}]
+    assert verl_task.problem_text({}, messages) == "What is 3 + 4?"
+    assert verl_task.problem_text({"problem": "x"}, messages) == "x"
+    aggregated = verl_task.aggregation_messages(messages, "What is 3 + 4?", ["7", "8"])
+    assert aggregated[:3] == messages[:3] and len(aggregated) == 4
+    assert aggregated[3] == {"role": "user", "content": rollout.aggregation_prompt("What is 3 + 4?", ["7", "8"])}
+
+
 def test_a_reward_function_returning_zero_gives_zero_where_the_grader_would_give_one(tokenizer, tmp_path):
     zero = reward_file(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                                  "    return {'score': 0.0, 'note': 'verl reads score'}\n")
