@@ -27,7 +27,10 @@ Where this departs from train.py:
      Not run here: it needs a GPU and `pip install trl[vllm]`.
   4. No --separate-aggregator or --algo grpo (TRL's own GRPOTrainer is the GRPO baseline). Checkpoints are TRL's
      (OUT/checkpoint-N, with SPIRAL's sampling state in spiral_state.json); OUT/adapter is written at the end.
-  5. With several processes, metrics.jsonl holds process 0's rollout metrics (its problems only); C counts all.
+  5. With several processes, metrics.jsonl's rollout and train/* columns are process 0's alone (its problems and
+     rows; train/loss is its rows' loss over C / processes), but for train/loss_normalizer (C counts every process's
+     kept problems) and train/grad_norm (the synchronised gradient's). TRL's columns (reward, num_tokens,
+     completions/*, entropy) are over all processes.
 
     python trl_spiral.py --preset tiny                                       # CPU, writes runs/tiny-trl/metrics.jsonl
     accelerate launch --config_file recipe/trl/ddp.yaml trl_spiral.py --config recipe/trl/paper.yaml  # GPUs

@@ -64,10 +64,17 @@ def test_a_run_is_reused_only_with_the_same_settings_and_all_its_steps(tmp_path)
     assert runner.run_state(runner.Run("x", run.out, [*flags, "--steps", "1"]))[0] == "finished"
     assert runner.run_state(runner.Run("x", run.out, [*flags, "--steps", "1", "--seed", "1"]))[0] == "differs"
     shutil.rmtree(run.out)
+    _fake_run(tmp_path / "grpo-s0", [*flags, "--steps", "3"], 2, adapter=False)  # part-trained, other settings:
+    assert runner.plan([run], True, "test") == ([(run, ["--overwrite"])], [])  # --overwrite replaces it, never
+    with pytest.raises(SystemExit):  # resumes it; without --overwrite the plan stops
+        runner.plan([run], False, "test")
+    shutil.rmtree(run.out)
     _fake_run(tmp_path / "grpo-s0", flags, 29)  # stopped at step 29 of 30 with no checkpoint: train.py --resume
     assert runner.run_state(run) == ("resume", "")  # restarts it from step 0 (nothing was saved to continue from)
     (tmp_path / "grpo-s0" / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 31)))
     assert runner.run_state(run) == ("finished", "")
+    shutil.rmtree(tmp_path / "grpo-s0" / "adapter")  # every step logged, stopped before it saved its adapter
+    assert runner.run_state(run) == ("resume", "")
 
 
 def test_a_run_stopped_before_its_first_checkpoint_is_continued_by_the_same_command(tmp_path, monkeypatch, capsys):
@@ -160,6 +167,29 @@ def test_a_run_trained_by_other_code_is_not_reused(tmp_path):
     (tmp_path / "grpo-s0" / "config.json").write_text(json.dumps(config))
     shutil.rmtree(tmp_path / "grpo-s0" / "checkpoint")
     assert "not recorded" in runner.run_state(run)[1]
+
+
+def test_the_cold_evaluation_runs_on_a_fresh_empty_cache_and_a_failure_stops_the_script(monkeypatch, capsys):
+    """The tables come from this code's traces: evaluate.py gets a --cache-dir that is empty when it starts (not its
+    default cache, which an earlier version may have filled) and gone after; a failed evaluation is exit 1."""
+    calls, codes = [], [0, 3]
+
+    def evaluate(command, cwd):
+        cache = command[command.index("--cache-dir") + 1]
+        calls.append((command, cache, os.listdir(cache)))
+        open(os.path.join(cache, "trace.json"), "w").close()
+        return runner.subprocess.CompletedProcess(command, codes[len(calls) - 1])
+
+    monkeypatch.setattr(runner.subprocess, "run", evaluate)
+    assert runner.evaluate_cold(["--preset", "tiny"], "test") >= 0
+    (command, cache, listed), = calls
+    assert command[1:4] == ["evaluate.py", "--preset", "tiny"] and listed == [] and not os.path.exists(cache)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        runner.evaluate_cold(["--preset", "tiny"], "test")
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.endswith("test: error: the evaluation failed (its message is above)\n")
+    assert not os.path.exists(calls[1][1])
 
 
 def test_the_provenance_line_s_minutes_are_a_range_or_one_value():
@@ -337,6 +367,18 @@ def test_trainings_run_a_few_at_a_time_and_a_failure_stops_the_rest(tmp_path, mo
     err = capsys.readouterr().err
     assert "test: error: training c failed (exit 1)" in err and f"log: {tmp_path / 'c.log'}" in err
     assert started[1].code == 130 and started[1].step < 6  # the other run was stopped as Ctrl-C stops it
+
+
+def test_the_steps_logged_are_read_while_train_py_appends_a_line(tmp_path):
+    """The progress display reads metrics.jsonl while train.py writes it: a half-written last line is not a step,
+    and does not hide the complete ones before it."""
+    run = runner.Run("a", str(tmp_path / "a"), [])
+    assert runner._steps_logged(run) == 0  # not started
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "search_acc')
+    assert runner._steps_logged(run) == 2
+    (tmp_path / "a" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}')  # newline not yet
+    assert runner._steps_logged(run) == 2
 
 
 def test_progress_counts_the_steps_left_a_resumed_run_from_its_checkpoint_an_overwritten_one_from_zero(

@@ -74,6 +74,10 @@ def test_a_second_demo_continues_the_first_run(checkout):
     (root / "runs" / "tiny-spiral" / "config.json").write_text("{}")
     assert dev.main(["demo"]) == 0
     assert commands[-1] == ["train.py", "--preset", "tiny", "--resume"]  # prints the table of a finished run
+    # With arguments for train.py it is another run (--algo grpo writes runs/tiny-grpo, which does not exist yet):
+    # passed as they are, never with a --resume of a run that is not there.
+    assert dev.main(["demo", "--algo", "grpo"]) == 0
+    assert commands[-1] == ["train.py", "--preset", "tiny", "--algo", "grpo"]
 
 
 def test_a_folder_named_venv_that_is_not_one_is_left_alone(checkout, capsys):
@@ -119,6 +123,26 @@ def test_a_venv_left_half_made_is_removed_and_the_failure_is_one_line(checkout, 
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and commands == [] and err.count("\n") == 1
     assert err.startswith(f"dev.py: error: cannot create {dev.VENV}: Command ") and not os.path.lexists(dev.VENV)
+
+
+def test_a_failed_venv_creation_leaves_a_venv_the_user_already_had(checkout, monkeypatch, capsys):
+    """A .venv of the user's (pyvenv.cfg, no bin/python yet: made by hand, or with another layout) that venv.create
+    cannot finish: one line, and the folder with everything in it stays (only a .venv dev.py made is removed)."""
+    root, commands = checkout
+    (root / ".venv").mkdir()
+    (root / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (root / ".venv" / "notes.txt").write_text("mine")
+
+    def read_only(path, with_pip):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(dev.venv, "create", read_only)
+    with pytest.raises(SystemExit) as exit_info:
+        dev.main(["demo"])
+    assert exit_info.value.code == 2 and commands == []
+    assert capsys.readouterr().err == f"dev.py: error: cannot create {dev.VENV}: Permission denied\n"
+    assert sorted(os.listdir(root / ".venv")) == ["notes.txt", "pyvenv.cfg"]
+    assert (root / ".venv" / "notes.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("argv,code", [([], 2), (["tset"], 2), (["--help"], 0)])

@@ -1,6 +1,7 @@
-"""evaluate.py's bookkeeping, each test written against a bug a careful engineer could make: majority@k's
-subsets drawn per problem, grader statistics per policy, calls planned on the whole request, and the cache's
-identity of a policy (the lock's order is in tests/test_user_files.py)."""
+"""evaluate.py's bookkeeping, each test written against a bug a careful engineer could make: majority@k's subsets
+drawn per problem, grader statistics per policy, calls planned on the whole request, the cache's identity of a
+policy, what the cache hands back and counts, and each generate call's own seed (the lock's order is in
+tests/test_user_files.py)."""
 
 import copy
 import itertools
@@ -16,6 +17,7 @@ import torch
 
 import evaluate
 import rollout
+import tracecache
 from problemset import Problem
 from testtime import digest
 
@@ -55,6 +57,36 @@ def test_majority_draws_its_own_subsets_for_each_problem():
         return ("2" in leaders) / len(leaders)
     exact = np.mean([expected(s) for s in itertools.combinations(range(8), 4)])  # the mean over all 70 subsets
     assert abs(np.mean(first) - exact) < 0.1
+
+
+def _pool_cfg(methods, **settings):
+    return SimpleNamespace(**{"num_samples": 4, "methods": methods, "max_new_tokens": 12, "majority_max_new_tokens": 12,
+                              "k_list": [1, 4], "seed": 0, "majority_subsets": 8, "max_tokens_list": [12],
+                              "rsa_populations": [8], "rsa_set_size": 2, "rsa_steps": 1, **settings})
+
+
+def test_pass_at_k_reads_the_first_n_traces_of_a_pool_rsa_made_larger():
+    """RSA's population P = 8 > n = 4 makes the pool 8 traces long; pass@k and its answer sets are over its first n
+    (here all wrong), never the rest (here all right), which would be a pass@k over other samples than asked for."""
+    sampler = PoolSampler(["3", "3", "4", "5", "2", "2", "2", "2"])
+    (record,) = evaluate.evaluate_policy([Problem("What is 1 + 1?", "2")], sampler, _pool_cfg(["passk", "rsa"]))
+    assert record["pass_at_k"] == {1: 0.0, 4: 0.0}
+    assert record["sets"]["search"]["distinct_answers"][4] == 3.0
+    assert len(record["rsa"][8][0]["samples"]) == 8  # RSA's step 1: the whole population
+
+
+def test_sequential_reports_the_share_of_its_traces_that_hit_the_length():
+    """summary["sequential"]["truncated"]: per length, the truncated traces' share of the n read, averaged over
+    problems (1 of 4, then 3 of 4: 0.5)."""
+    class Truncating(PoolSampler):
+        def search(self, problems, count, max_new_tokens):
+            return [[evaluate.Trace("\\boxed{2}", 12, 20, i < cut) for i in range(count)] for cut in (1, 3)]
+
+    cfg = _pool_cfg(["sequential"])
+    records = evaluate.evaluate_policy([Problem("What is 1 + 1?", "2"), Problem("What is 0 + 2?", "2")],
+                                       Truncating([]), cfg)
+    assert [r["sequential"][12]["truncated"] for r in records] == [1, 3]
+    assert evaluate.summarize(records, cfg)["sequential"]["truncated"] == [0.5]
 
 
 @pytest.fixture
@@ -159,3 +191,73 @@ def test_the_cache_knows_a_policy_by_its_bytes_and_sampling_settings_not_its_pat
         config["base_model_name_or_path"] = "/another/checkout/data/tiny_warmstart"
         path.write_text(json.dumps(config, indent=4))
     assert _identity(moved) == _identity(adapter)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# tracecache.py: what the cache hands back and counts, and each generate call's own seed
+
+IDENTITY = {"format": 3, "model": "tiny", "adapter": None, "seed": 0, "temperature": 1.0, "dtype": "float32"}
+
+
+def _search_key(problem: str, max_new_tokens: int = 8) -> dict:
+    return {**IDENTITY, "stage": "search", "prompt": digest(rollout.search_prompt(problem)),
+            "max_new_tokens": max_new_tokens}
+
+
+def test_a_cache_file_holding_another_key_is_not_taken_for_this_one(tmp_path, capsys):
+    """A file at this key's path whose key is another's (a copied or renamed file): named in a warning, and its
+    traces are drawn again, never read as this key's."""
+    cache = tracecache.TraceCache(tmp_path)
+    mine, other = _search_key("What is 1 + 1?"), _search_key("What is 2 + 2?")
+    cache.write(other, [_trace("4")])
+    cache.path(other).rename(cache.path(mine))
+    assert cache.read(mine) == [] and cache.path(mine) in cache.corrupted
+    assert "holds another key" in capsys.readouterr().err
+    cache.write(mine, [_trace("2")])
+    assert cache.read(mine) == [_trace("2")]
+
+
+def test_traces_read_from_the_cache_are_counted_as_asked_for(tmp_path):
+    """A pool of 4 cached traces asked for 2: 2 returned, 2 counted as reused, nothing generated (no model)."""
+    cache = tracecache.TraceCache(tmp_path)
+    cache.write(_search_key("What is 1 + 1?"), [_trace(a) for a in "2345"])
+    sampler = tracecache.Sampler(None, None, cache, IDENTITY, tokens_per_call=1024)
+    assert sampler.search(["What is 1 + 1?"], 2, 8) == [[_trace("2"), _trace("3")]]
+    assert (cache.reused, cache.generated, sampler.calls) == (2, 0, 0)
+
+
+def test_each_generate_call_of_a_stage_draws_its_own_seed(tmp_path, monkeypatch):
+    """One planned call whose jobs need different numbers of copies (one topped up from 1 cached trace to 3, one drawn
+    from 0) is two generate calls; each is seeded from its own content, copies included, so the two never share a
+    random stream."""
+    seeds = []
+
+    def generate(model, tokenizer, prompts, *, samples_per_prompt, **_):
+        seeds.append(torch.initial_seed())
+        return [[rollout.Completion([1], [2], [0.0], "t", False)] * samples_per_prompt for _ in prompts]
+
+    monkeypatch.setattr(tracecache.rollout, "generate", generate)
+    cache = tracecache.TraceCache(tmp_path)
+    cache.write(_search_key("What is 1 + 1?"), [_trace("2")])
+    sampler = tracecache.Sampler(None, None, cache, IDENTITY, tokens_per_call=1024)
+    traces = sampler.search(["What is 1 + 1?", "What is 2 + 2?"], 3, 8)
+    assert [len(t) for t in traces] == [3, 3] and sampler.calls == 2
+    assert len(set(seeds)) == 2
+
+
+def test_topping_up_a_pool_draws_a_stream_of_its_own(tmp_path, monkeypatch):
+    """k more traces on top of a cached pool of k are drawn from a seed of where the job starts (trace k), not the
+    first k's seed again: the top-up would repeat the pool's traces."""
+    seeds = []
+
+    def generate(model, tokenizer, prompts, *, samples_per_prompt, **_):
+        seeds.append(torch.initial_seed())
+        return [[rollout.Completion([1], [2], [0.0], "t", False)] * samples_per_prompt for _ in prompts]
+
+    monkeypatch.setattr(tracecache.rollout, "generate", generate)
+    cache = tracecache.TraceCache(tmp_path)
+    first = tracecache.Sampler(None, None, cache, IDENTITY, tokens_per_call=1024)
+    assert [len(t) for t in first.search(["What is 1 + 1?"], 2, 8)] == [2]
+    topped_up = tracecache.Sampler(None, None, cache, IDENTITY, tokens_per_call=1024)
+    assert [len(t) for t in topped_up.search(["What is 1 + 1?"], 4, 8)] == [4] and topped_up.calls == 1
+    assert len(seeds) == 2 and seeds[0] != seeds[1]

@@ -2,6 +2,7 @@
 (a list that no longer matches the code is found here, not when someone runs it), and how a run's outcome is told."""
 
 import pathlib
+import subprocess
 
 import pytest
 
@@ -52,10 +53,22 @@ def test_old_text_must_occur_exactly_once():
         mutate.apply("x = 1\nx = 1\n", mutation)
 
 
+def module_of(stem: str) -> pathlib.Path:
+    """The module a list NAME.txt mutates: NAME.py at the root, else the one tracked NAME.py elsewhere (runner.txt:
+    benchmarks/runner.py, run as `python tests/mutate.py benchmarks/runner.py`)."""
+    if (ROOT / f"{stem}.py").is_file():
+        return ROOT / f"{stem}.py"
+    tracked = subprocess.run(["git", "ls-files", f"*/{stem}.py"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    found = [name for name in tracked if not name.startswith("tests/")]
+    assert len(found) == 1, f"{stem}.txt: which module does it mutate? {found}"
+    return ROOT / found[0]
+
+
 @pytest.mark.parametrize("path", LISTS, ids=lambda p: p.name)
 def test_every_mutation_list_applies_to_its_module_and_names_existing_tests(path):
     tests, mutations = mutate.parse(path.read_text(), path.name)
-    source = (ROOT / f"{path.stem}.py").read_text()
+    source = module_of(path.stem).read_text()
     assert mutations and tests
     for m in mutations:
         mutated = mutate.apply(source, m)  # raises unless the '<' text occurs exactly once

@@ -146,6 +146,25 @@ def test_micro_batch_plan_covers_every_sample_once():
             for i in indices:
                 counts[i] += copies
         assert counts == [samples] * len(lengths)
+        # Shortest prompts first, so that a call's prompts have similar lengths (little left padding).
+        order = [i for indices, copies in calls for i in dict.fromkeys(indices)]
+        assert [lengths[i] for i in dict.fromkeys(order)] == sorted(lengths)
+    assert rollout._plan_micro_batches([30, 10, 20, 10], 1, 2) == [([1, 3], 1), ([2, 0], 1)]
+
+
+def test_every_eos_id_ends_a_completion():
+    """The stop ids are the model's generation_config.eos_token_id (an int or a list) and the tokenizer's EOS; a
+    model that defines neither is refused."""
+    from types import SimpleNamespace
+
+    def stops(configured, tokenizer_eos):
+        model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=configured))
+        return rollout.eos_token_ids(model, SimpleNamespace(eos_token_id=tokenizer_eos))
+
+    assert stops([5, 6], 7) == [5, 6, 7] and stops(5, 7) == [5, 7] and stops(None, 7) == [7]
+    assert stops([5, 7], 7) == [5, 7] and stops(5, None) == [5]
+    with pytest.raises(ValueError, match="defines no EOS token"):
+        stops(None, None)
 
 
 def test_deterministic_under_manual_seed(tiny):
@@ -307,6 +326,26 @@ def test_micro_batches_fit_the_token_budget(tiny, monkeypatch):
     rollout.generate(model, tokenizer, PROMPTS, samples_per_prompt=4, max_new_tokens=2, micro_batch_size=12,
                      tokens_per_micro_batch=1)
     assert sizes == [12]
+    sizes.clear()  # completions as long as the prompt: a sequence needs twice the prompt's tokens
+    rollout.generate(model, tokenizer, PROMPTS, samples_per_prompt=4, max_new_tokens=longest,
+                     tokens_per_micro_batch=4 * (longest + longest))
+    assert sizes == [4, 4, 4]
+
+
+def test_a_step_generate_undoes_is_not_recorded():
+    """SamplerLogprobs keeps one log-prob per returned token, in order: a step run beyond the returned sequences
+    (transformers may run one and undo it) is dropped from the end, never shifting the others."""
+    recorder = rollout.SamplerLogprobs(temperature=0.5, prompt_length=2)
+    scores = [torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([[2.0, 0.0, 1.0]]), torch.tensor([[1.0, 1.0, 0.0]]),
+              torch.tensor([[0.0, 0.0, 3.0]])]
+    sequence = torch.tensor([[7, 7, 2, 0, 1]])  # prompt 7 7, then the sampled tokens 2, 0 and 1
+    for t, step_scores in enumerate(scores):  # the 4th call records the 3rd token
+        recorder(sequence[:, :2 + t], step_scores)
+    assert len(recorder.logprobs) == 3
+    logprobs, entropies = recorder.finish(sequence[:, :4])  # the third step was undone: two tokens returned
+    expected = [torch.log_softmax(scores[t][0] / 0.5, -1)[token] for t, token in enumerate([2, 0])]
+    assert logprobs.shape == entropies.shape == (1, 2)
+    assert torch.allclose(logprobs[0], torch.stack(expected))
 
 
 def test_generate_passes_the_cache_without_a_deprecation_warning(tiny):

@@ -7,6 +7,7 @@ replaces a TRL run, two processes (torchrun, gloo) train one adapter, and bad fl
 The scripted sampler of test_spiral.py makes every reward known in advance for the advantage tests; the gradient and
 resume tests sample the tiny model for real and grade with a pseudo-random reward (so that advantages are not all 0)."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -135,6 +136,147 @@ def test_trl_s_own_columns_are_logged_next_to_spiral_s(trainer, scripted):
     assert metrics["completions/mean_length"] == [pytest.approx(np.mean([len(s.completion_ids) for s in samples]))]
     assert metrics["num_tokens"][0] >= sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     assert len(metrics["entropy"]) == 1 and metrics["entropy"][0] > 0
+
+
+def test_trl_s_num_tokens_counts_every_step_s_tokens_so_far(trainer, scripted):
+    """TRL's num_tokens column is cumulative (prompt and completion tokens of every trained row up to this step), as
+    TRL's own GRPOTrainer logs it."""
+    counts = []
+    for _ in range(2):
+        before = trainer.state.num_input_tokens_seen
+        trainer._generate_and_score_completions(rows(Problem("p0", "1"), Problem("p1", "1")))
+        samples = trainer.last_rollouts.samples
+        counts.append(sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))
+        assert trainer._metrics["train"]["num_tokens"] == [before + counts[-1]]
+    assert counts[0] > 0 and trainer.state.num_input_tokens_seen >= sum(counts)
+
+
+def test_a_role_with_no_trained_token_gets_no_entropy_column(trainer, scripted):
+    """A micro-batch of advantage-0 rows only (a dropped problem's padding) trains no token of either role: the step's
+    train/* columns then hold no entropy column for it (train.py's rule), never a NaN mean over nothing."""
+    trainer.spiral.max_draws = 2
+    try:
+        output = trainer._generate_and_score_completions(rows(Problem("p0", "1"), Problem("p2", "1")))
+    finally:
+        trainer.spiral.max_draws = None
+    padding = {key: (value[G:] if value.dim() else value) for key, value in output.items()}
+    assert not padding["advantages"].any() and padding["completion_mask"].any()  # rows, none of them trained
+    trainer._compute_loss(trainer.model, padding)
+    columns = trainer._train_metrics()
+    assert columns["train/samples_trained"] == 0 and not [k for k in columns if k.startswith("train/entropy")]
+    assert all(np.isfinite(v) for v in columns.values()), columns
+
+
+def test_the_search_entropy_column_is_over_trained_search_rows_only(trainer, scripted):
+    """train/entropy_search and train/entropy_aggregation: the mean entropy over the tokens of the rows trained
+    (advantage != 0), each role apart, as train.py's learner computes them; TRL's entropy: over all trained tokens."""
+    output = trainer._generate_and_score_completions(rows(Problem("p0", "1"), Problem("p1", "1")))
+    adv_B, search_B = output["advantages"], output["is_search"]
+    assert ((adv_B == 0) & search_B).any() and ((adv_B != 0) & search_B).any()  # some search rows are not trained
+    trainer._metrics["train"].clear()
+    trainer._compute_loss(trainer.model, output)
+    with torch.no_grad():
+        _, entropy_BT, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([output["prompt_ids"], output["completion_ids"]], 1),
+            torch.cat([output["prompt_mask"], output["completion_mask"]], 1), output["completion_ids"].size(1),
+            compute_entropy=True)
+    mask_BT = output["completion_mask"].bool()
+
+    def mean(rows_B):  # plain loops over the rows and their tokens
+        values = [float(entropy_BT[b, t]) for b in range(len(rows_B)) if rows_B[b] for t in range(mask_BT.size(1))
+                  if mask_BT[b, t]]
+        return sum(values) / len(values)
+
+    columns = trainer._train_metrics()
+    assert columns["train/entropy_search"] == pytest.approx(mean((adv_B != 0) & search_B), rel=1e-5)
+    assert columns["train/entropy_aggregation"] == pytest.approx(mean((adv_B != 0) & ~search_B), rel=1e-5)
+    assert trainer._metrics["train"]["entropy"] == [pytest.approx(mean(adv_B != 0), rel=1e-5)]
+    assert columns["train/entropy_search"] != pytest.approx(mean(search_B), rel=1e-5)
+
+
+def test_the_sampler_and_the_learner_share_temperature(tmp_path, monkeypatch):
+    """--temperature reaches both halves: SPIRAL's sampler draws at it and TRL's forward divides by it, so on the
+    rollout's own weights every importance ratio is 1 (at another sampling temperature they are not)."""
+    torch.set_num_threads(1)
+    monkeypatch.setattr(spiral, "reward", pseudo_random_reward)
+    hot = build(tmp_path, "--temperature", "0.7", problems=[Problem("What is 3 + 4?", "7")])
+    assert hot.spiral.temperature == hot.temperature == hot.args.temperature == 0.7
+    torch.manual_seed(0)
+    output = hot._generate_and_score_completions(rows(Problem("What is 3 + 4?", "7"),
+                                                      Problem("Now, what is 15 + 2 + 1 + 7?", "25")))
+    assert output["advantages"].any()
+    hot._compute_loss(hot.model, output)
+    columns = hot._train_metrics()
+    assert columns["train/importance_ratio_min"] == pytest.approx(1.0, abs=1e-4)
+    assert columns["train/importance_ratio_max"] == pytest.approx(1.0, abs=1e-4)
+
+
+def _trl_run(out, checkpoints=(), **settings):
+    """OUT/config.json of a TRL run and its checkpoint-N directories (those named in `checkpoints` complete, with
+    spiral_state.json; a step given as -N: TRL wrote it but the run stopped before SPIRAL's state)."""
+    cfg = train.resolve_config({"preset": "tiny", "out": str(out), **settings})
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    for step in checkpoints:
+        directory = out / f"checkpoint-{abs(step)}"
+        directory.mkdir()
+        (directory / "trainer_state.json").write_text(json.dumps({"global_step": abs(step)}))
+        if step > 0:
+            state = {"numpy": np.random.default_rng(step).bit_generator.state, "data": {"epoch": 0, "index": step}}
+            (directory / trl_spiral.STATE_FILE).write_text(json.dumps({"processes": [state]}))
+    return cfg
+
+
+def test_a_resume_continues_the_set_draws_and_the_redraws_where_the_checkpoint_left_them(trainer, tmp_path):
+    """load_spiral_state: this process's entry of spiral_state.json (JSON, as the callback writes it) puts both
+    streams back, so the draws after it are those an unbroken run makes."""
+    saved = trainer.spiral_state()
+    (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "checkpoint-3" / trl_spiral.STATE_FILE).write_text(json.dumps({"processes": [saved]}))
+    draws = trainer._np_rng.random(4)
+    for _ in range(3):
+        trainer._redraw()
+    after = trainer.spiral_state()
+    assert after != saved
+    trainer.load_spiral_state(str(tmp_path / "checkpoint-3"))
+    assert trainer.spiral_state() == saved
+    assert np.array_equal(trainer._np_rng.random(4), draws)
+    for _ in range(3):
+        trainer._redraw()
+    assert trainer.spiral_state() == after
+
+
+def test_resume_takes_the_newest_complete_checkpoint_by_step(tmp_path):
+    """--resume_from_checkpoint true: the checkpoint-N of the largest N (checkpoint-10 after checkpoint-9, not string
+    order) among those holding spiral_state.json (a checkpoint TRL wrote before the run stopped is not one)."""
+    from types import SimpleNamespace
+
+    latest = SimpleNamespace(resume_from_checkpoint="true", world_size=1)
+    cfg = _trl_run(tmp_path / "run", checkpoints=[9, 10])
+    assert trl_spiral.resume_checkpoint(cfg, latest) == str(tmp_path / "run" / "checkpoint-10")
+    cfg = _trl_run(tmp_path / "stopped", checkpoints=[9, -10])
+    assert trl_spiral.resume_checkpoint(cfg, latest) == str(tmp_path / "stopped" / "checkpoint-9")
+
+
+def test_resume_takes_a_larger_max_steps_and_refuses_another_spiral_setting(tmp_path):
+    """A resume may go on for more steps (train.RESUME_MUTABLE); another SPIRAL setting, or another number of
+    processes than wrote spiral_state.json, is refused in one line."""
+    from types import SimpleNamespace
+
+    latest = SimpleNamespace(resume_from_checkpoint="latest", world_size=1)
+    saved = _trl_run(tmp_path / "run", checkpoints=[2])
+    longer = dataclasses.replace(saved, steps=saved.steps + 10, resume=True)
+    assert trl_spiral.resume_checkpoint(longer, latest) == str(tmp_path / "run" / "checkpoint-2")
+    hotter = dataclasses.replace(saved, temperature=0.5, resume=True)
+    with pytest.raises(trl_spiral.cli.ConfigError, match="temperature = 0.5 differs from the run's 1.0"):
+        trl_spiral.resume_checkpoint(hotter, latest)
+    with pytest.raises(trl_spiral.checkpoint.CheckpointError, match="written by 1 processes, this run has 2"):
+        trl_spiral.resume_checkpoint(longer, SimpleNamespace(resume_from_checkpoint="true", world_size=2))
+    state_file = tmp_path / "run" / "checkpoint-2" / trl_spiral.STATE_FILE  # written by 2 processes, resumed by 1
+    (state,) = json.loads(state_file.read_text())["processes"]
+    state_file.write_text(json.dumps({"processes": [state, state]}))
+    with pytest.raises(trl_spiral.checkpoint.CheckpointError, match="written by 2 processes, this run has 1"):
+        trl_spiral.resume_checkpoint(longer, latest)
 
 
 def lora_grads(model):
@@ -371,6 +513,83 @@ def test_two_processes_train_one_adapter_and_write_metrics_once(tmp_path):
     assert len(state["processes"]) == 2 and state["processes"][0]["numpy"] != state["processes"][1]["numpy"]
     config = json.loads((out / "config.json").read_text())
     assert config["trl"]["per_device_train_batch_size"] == 2 * G  # |B| problems per process
+
+
+# One rollout and loss on each of two processes, as SpiralGRPOTrainer runs them under DDP; the gradient is averaged
+# over the processes as DDP averages it (an all-reduce), then compared on process 0 with train.py's on every
+# process's samples at C of all kept problems. Process 1 draws a problem without signal (gold a multiple of 3).
+TWO_PROCESSES = """
+import json, os, sys, zlib
+sys.path[:0] = [{root!r}, {tests!r}]
+import numpy as np, torch
+from accelerate.utils import gather_object
+import rollout, spiral, train, trl_spiral
+from problemset import Problem
+from test_trl_spiral import SMALL, rows
+
+torch.set_num_threads(1)
+spiral.reward = lambda text, gold: 0.0 if int(gold) % 3 == 0 else float(zlib.crc32(text.encode()) % 2)
+cfg, args, _ = trl_spiral.resolve(SMALL + ["--output_dir", {out!r}, "--max_steps", "1"])
+problems = [Problem("What is 3 + 4?", "7"), Problem("What is 6 + 8?", "14"), Problem("What is 1 + 2?", "3")]
+model, tokenizer = rollout.load_policy(cfg.model, device="cpu", dtype=cfg.dtype)
+trainer = trl_spiral.build_trainer(cfg, args, model, tokenizer, problems)
+rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
+torch.manual_seed(rank + 1)  # seeds under which both of process 0's problems carry signal
+output = trainer._generate_and_score_completions(rows(*(problems[:2] if rank == 0 else problems[1:])))
+trainer.model.train()
+trainer._compute_loss(trainer.model, output).backward()
+lora = [p for p in trainer.model.parameters() if p.requires_grad]
+ours = torch.cat([p.grad.flatten() for p in lora])
+torch.distributed.all_reduce(ours)
+ours /= world  # DDP's average
+samples = gather_object(trainer.last_rollouts.samples)
+metrics = gather_object([trainer.last_rollouts.metrics])
+# Each process resumes its own set-draw stream: states saved now, the streams moved on, then loaded back.
+states = gather_object([trainer.spiral_state()])
+if rank == 0:
+    os.makedirs({out!r} + "/checkpoint-1")
+    trl_spiral.write_json_atomic({out!r} + "/checkpoint-1/" + trl_spiral.STATE_FILE, {{"processes": states}})
+torch.distributed.barrier()
+trainer._np_rng.random(5)
+trainer._redraw()
+trainer.load_spiral_state({out!r} + "/checkpoint-1")
+resumed = trainer.spiral_state() == states[rank]
+if rank == 0:
+    trainer.model.zero_grad(set_to_none=True)
+    kept = sum(m["problems_kept"] for m in metrics)
+    train.accumulate_gradients(trainer.model, samples, loss_normalizer=train.loss_normalizer(cfg, kept),
+                               temperature=cfg.temperature)
+    reference = torch.cat([p.grad.flatten() for p in lora])
+    rewards = [s.reward for s in samples if s.reward is not None]
+    print("RESULT " + json.dumps({{
+        "drawn": [m["problems_drawn"] for m in metrics], "kept": [m["problems_kept"] for m in metrics],
+        "normalizer": float(output["normalizer"]), "C": train.loss_normalizer(cfg, kept), "world": world,
+        "error": float((ours - reference).norm() / reference.norm()), "reference_norm": float(reference.norm()),
+        "reward": trainer._metrics["train"]["reward"][-1], "reward_all": float(np.mean(rewards))}}))
+print("RESUMED " + json.dumps([rank, resumed]), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_add_up_to_train_py_s_gradient_over_all_their_problems(tmp_path):
+    """Two processes (torchrun, gloo) with different kept counts (process 1's second problem has no signal, and with
+    several processes nothing is redrawn): each divides its loss by C / 2, C = loss_normalizer(all kept problems), so
+    that DDP's average is train.py's gradient over every process's samples; TRL's reward column is over all processes'
+    rows; each process resumes its own set-draw stream."""
+    script = tmp_path / "two.py"
+    script.write_text(TWO_PROCESSES.format(root=str(ROOT), tests=str(ROOT / "tests"), out=str(tmp_path / "run")))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           "29518", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert sorted(json.loads(line[8:]) for line in done.stdout.splitlines() if line.startswith("RESUMED ")) == [
+        [0, True], [1, True]]
+    assert result["world"] == 2 and result["drawn"] == [2, 2] and result["kept"] == [2, 1]  # no redraw
+    assert result["normalizer"] == result["C"] / 2 == train.loss_normalizer(
+        trl_spiral.resolve(SMALL + ["--output_dir", str(tmp_path / "x")])[0], 3) / 2
+    assert result["reference_norm"] > 0 and result["error"] <= 1e-5, result
+    assert result["reward"] == pytest.approx(result["reward_all"])
 
 
 @pytest.mark.slow

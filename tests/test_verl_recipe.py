@@ -148,6 +148,41 @@ def test_the_search_prompt_is_the_row_s_prompt_and_an_aggregation_prompt_never_l
     assert server.prompts[0] == full[-10:] and len(server.prompts) == N1
 
 
+class FixedReplies:
+    """verl's server client with fixed replies: `search_ids[j]` to the j-th search request, `aggregation_ids` to every
+    aggregation request."""
+
+    def __init__(self, search_ids, aggregation_ids):
+        self.search_ids, self.aggregation_ids, self.prompts = search_ids, aggregation_ids, []
+
+    async def generate(self, *, request_id, prompt_ids, sampling_params, **_):
+        self.prompts.append(list(prompt_ids))
+        ids = self.search_ids[len(self.prompts) - 1] if len(self.prompts) <= N1 else self.aggregation_ids
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), num_preempted=0,
+                           extra_fields={"min_global_steps": 3, "max_global_steps": 4})
+
+
+def test_an_aggregation_prompt_holds_each_trace_as_its_row_trains_it(tokenizer):
+    """A set's aggregation prompt holds its search traces as their rows hold them: the first L tokens
+    (data.max_response_length) of what the server returned, decoded without special tokens. A trace that ran past L
+    is shown cut at L, and a short one's EOS (and the filler after it) is not text inside the solution."""
+    eos = tokenizer.eos_token_id
+    short = tokenizer.encode("GOOD \\boxed{1}", add_special_tokens=False) + [eos] * 20
+    long = tokenizer.encode(" ".join(["seven"] * (3 * L)) + " \\boxed{7}", add_special_tokens=False) + [eos]
+    assert short.index(eos) < L < len(long) - 1  # an EOS inside the row's tokens; a trace past L
+    search_ids = [short if j % 2 == 0 else long for j in range(N1)]
+    server = FixedReplies(search_ids, tokenizer.encode("\\boxed{1}", add_special_tokens=False) + [eos])
+    problem = "What is 3 + 4?"
+    rows, _ = run_agent_loop(tokenizer, set(), composed(), row=prepared_row(problem), server=server)
+    assert [r.response_ids for r in rows[:N1]] == [ids[:L] for ids in search_ids]
+    texts = [tokenizer.decode(ids[:L], skip_special_tokens=True) for ids in search_ids]
+    assert texts[0] == "GOOD \\boxed{1}" and "boxed{7}" not in texts[1]
+    for l in range(K):
+        G = rows[N1 + l * N2].extra_fields["set_members"]
+        expected = rollout.chat_prompt_ids(tokenizer, rollout.aggregation_prompt(problem, [texts[j] for j in G]))
+        assert all(server.prompts[N1 + l * N2 + i] == expected for i in range(N2))
+
+
 def test_set_draws_are_reproducible_per_prompt_and_step(tokenizer):
     config = composed()
     a, _ = run_agent_loop(tokenizer, {0}, config, index=5)
@@ -214,18 +249,24 @@ def test_a_padded_batch_through_compute_advantage_and_compute_metrics(transfer_q
     metrics = {}
     trainer._compute_advantage(padded, metrics)
     adv = tq.kv_batch_get(keys=padded.keys, partition_id="train", select_fields=["advantages", "returns"])
+    real_adv, real_rewards = [], []  # over the real rows only: what the spiral/* columns are
     for s, rows in enumerate(sessions):  # each real row: its prompt's spiral_advantages on every response token
         fields = [r.extra_fields for r in rows]
         rewards_K_N2 = np.array([[fields[N1 + l * N2 + i]["spiral_reward"] for i in range(N2)] for l in range(K)])
         sets_K_n = np.array([fields[N1 + l * N2]["set_members"] for l in range(K)])
         expected = np.concatenate([a.ravel() for a in spiral_advantages(sets_K_n, rewards_K_N2, N1)])
+        real_adv.extend(expected.tolist())
+        real_rewards.extend(rewards_K_N2.ravel().tolist())
         for i, value in enumerate(expected):
             row = adv["advantages"][s * len(rows) + i]
             assert torch.equal(row, torch.full((L,), float(np.float32(value))))
     for i in range(2 * (N1 + K * N2), 32):  # padding rows: advantage 0, no gradient
         assert not adv["advantages"][i].any() and not adv["returns"][i].any()
     assert metrics["spiral/padding_rows"] == 32 - 2 * (N1 + K * N2)
-    assert metrics["spiral/aggregation_rows"] == 2 * K * N2
+    assert metrics["spiral/aggregation_rows"] == 2 * K * N2 and metrics["spiral/search_rows"] == 2 * N1
+    zero_share = float(np.mean(np.float32(real_adv) == 0))
+    assert 0 < zero_share < 1 and metrics["spiral/zero_advantage_rows"] == pytest.approx(zero_share)  # padding: not
+    assert metrics["spiral/aggregation_accuracy"] == pytest.approx(np.mean(real_rewards))  # counted
     # verl's own metrics step, on the same padded batch: the staleness tags came through (no TypeError).
     trainer.resource_pool_manager = type("Pool", (), {"get_n_gpus": lambda self: 1})()
     step_metrics = {"actor/grad_norm": 1.0}

@@ -3,6 +3,8 @@ spiral_advantages, per prompt, on response tokens only; verl's own reorder and c
 rows without metadata are refused; and the two facts of verl 0.9.1 that shape the recipe, where verl can show them.
 tests/test_verl_recipe.py runs recipe/spiral/ (its agent loop, entry point and YAML) with verl's own machinery."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -87,6 +89,18 @@ def test_rows_without_metadata_or_with_broken_sets_are_refused():
         verl_spiral.compute_spiral_advantage(as_dataproto(broken, lengths))
     with pytest.raises(ValueError, match="set_size"):
         verl_spiral.spiral_extra_fields(is_search=False, set_size=3, set_index=0, set_members=[0, 1], reward=1.0)
+
+
+def test_a_search_row_carries_no_reward_and_no_set():
+    """The row contract's fields that do not apply to a search trace: no reward (NaN, never a 0 that a mean over rows
+    would count as a wrong aggregation), no set (-1), set_members n times -1; an aggregation row carries its own."""
+    search = verl_spiral.spiral_extra_fields(is_search=True, set_size=3, trace_index=2)
+    assert math.isnan(search["spiral_reward"]) and search["set_index"] == -1 and search["set_members"] == [-1] * 3
+    assert search["is_search"] is True and search["trace_index"] == 2
+    aggregation = verl_spiral.spiral_extra_fields(is_search=False, set_size=3, set_index=1, set_members=[0, 2, 3],
+                                                  reward=0.0)
+    assert aggregation["spiral_reward"] == 0.0 and aggregation["set_members"] == [0, 2, 3]
+    assert aggregation["trace_index"] == -1 and aggregation["set_index"] == 1
 
 
 def test_a_registered_estimator_sees_no_spiral_metadata():

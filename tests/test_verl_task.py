@@ -91,6 +91,32 @@ def test_the_agent_loop_trains_on_the_configured_reward_function(tokenizer, tmp_
     assert adv[0] > 0  # y_0 is in exactly the rewarded sets: its marginal advantage is positive
 
 
+def test_a_function_s_reward_kwargs_reach_it_and_a_nan_is_refused(tmp_path):
+    """Two configs naming one file with other reward.custom_reward_function.reward_kwargs are two functions (each a
+    process loads once), and a NaN score is one line, never a reward."""
+    path = reward_file(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None, "
+                                 "scale=1.0):\n    return scale\n")
+    scores = [verl_task.reward_function(composed(f"reward.custom_reward_function.path={path}",
+                                                 f"+reward.custom_reward_function.reward_kwargs.scale={scale}"))(
+        data_source="x", solution_str="y", ground_truth="1") for scale in (2.0, 3.0)]
+    assert scores == [2.0, 3.0]
+    with pytest.raises(verl_task.TaskError, match="not a finite number"):
+        verl_task.score_value(float("nan"))
+    assert verl_task.score_value({"score": True}) == 1.0
+
+
+def test_x_is_the_last_user_message_and_a_system_message_stays_in_the_aggregation_prompt():
+    """Without extra_info.problem, x is the last user message's text (verl's rows may carry an earlier exchange);
+    the aggregation prompt replaces that message and keeps what came before it, a system message included."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 1 + 1?"},
+                {"role": "assistant", "content": "2"}, {"role": "user", "content": "What is 3 + 4?"}]
+    assert verl_task.problem_text({}, messages) == "What is 3 + 4?"
+    assert verl_task.problem_text({"problem": "x"}, messages) == "x"
+    aggregated = verl_task.aggregation_messages(messages, "What is 3 + 4?", ["7", "8"])
+    assert aggregated[:3] == messages[:3] and len(aggregated) == 4
+    assert aggregated[3] == {"role": "user", "content": rollout.aggregation_prompt("What is 3 + 4?", ["7", "8"])}
+
+
 def test_a_reward_function_returning_zero_gives_zero_where_the_grader_would_give_one(tokenizer, tmp_path):
     zero = reward_file(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                                  "    return {'score': 0.0, 'note': 'verl reads score'}\n")
@@ -206,6 +232,25 @@ def test_check_task_refuses_a_prompt_cap_without_room_for_the_aggregation_prompt
     why = checked(tmp_path, [prepared_row()] * 4, f"data.max_prompt_length={enough - 1}")
     assert why.startswith("data.max_prompt_length must be at least spiral.max_prompt_tokens + the aggregation "
                           f"template + spiral.set_size x data.max_response_length = 40 + {template} + 2 x 8 = {enough}")
+
+
+def test_a_row_fits_when_both_its_prompts_do_and_the_limits_are_inclusive(tokenizer):
+    """fits(): the search prompt has at most spiral.max_prompt_tokens tokens (a prompt of exactly that many is kept, as
+    train.py keeps it) and the aggregation prompt with n traces of L tokens at most data.max_prompt_length (a row whose
+    search prompt fits but whose aggregation prompt does not is dropped: verl would cut that prompt's front)."""
+    problem = "What is 3 + 4?"
+    row = prepared_row(problem)
+    search = len(verl_task.prompt_ids(tokenizer, row["prompt"]))
+    aggregation = len(verl_task.prompt_ids(tokenizer, verl_task.aggregation_messages(row["prompt"], problem,
+                                                                                     [""] * n))) + n * 8
+
+    def fits(max_search_tokens, max_prompt_length):
+        budget = verl_task.PromptBudget(set_size=n, response_tokens=8, max_search_tokens=max_search_tokens,
+                                        max_prompt_length=max_prompt_length)
+        return verl_task.fits(tokenizer, row, "prompt", budget)
+
+    assert fits(search, aggregation)
+    assert not fits(search - 1, aggregation) and not fits(search, aggregation - 1)
 
 
 def test_long_problems_are_dropped_as_train_py_drops_them_and_spiral_dataset_keeps_the_same_rows(tmp_path, tokenizer,
