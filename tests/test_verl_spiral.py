@@ -228,3 +228,24 @@ def test_run_length_problem_names_what_to_change():
     assert "more than the 100 training problems" in verl_spiral.run_length_problem(100, 256, 2, None)
     assert "at least 1" in verl_spiral.run_length_problem(100, 2, 1, 0)
     assert "at least 1" in verl_spiral.run_length_problem(100, 2, 0, None)
+
+
+@pytest.mark.parametrize("rows, steps, refused", [(10, 7, True), (10, 6, False)])
+def test_the_trainer_refuses_a_run_its_loop_would_end_early_once_its_dataset_is_built(monkeypatch, rows, steps,
+                                                                                        refused):
+    """SpiralPPOTrainer._init_dataloader: after verl's own (which builds the dataset SpiralDataset may shrink), the
+    run-length check on the rows that are left; a run verl's loop would end early stops there, in one message."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1 import PPOTrainerSync
+
+    trainer_cls = verl_spiral.spiral_trainer_class()
+    monkeypatch.setattr(PPOTrainerSync, "_init_dataloader", lambda self: setattr(self, "train_dataset", [0] * rows))
+    trainer = object.__new__(trainer_cls)
+    trainer.config = OmegaConf.create({"data": {"train_batch_size": 3},
+                                       "trainer": {"total_epochs": 2, "total_training_steps": steps}})
+    if refused:  # 10 // 3 = 3 steps an epoch: 2 epochs end at step 6
+        with pytest.raises(verl_spiral.SpiralConfigError, match="total_training_steps = 7 needs"):
+            trainer._init_dataloader()
+    else:
+        trainer._init_dataloader()
+        assert len(trainer.train_dataset) == rows
