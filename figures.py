@@ -274,6 +274,15 @@ SEED_PANELS = [("accuracy (mean reward)", [("search_accuracy", "search"), ("aggr
                                                         ("rollout/entropy_grpo", "")])]
 
 
+def min_max_band(ax, x, ys, **kw) -> None:
+    """The mean over seeds of ys (seeds, points) at x, with bars from the smallest to the largest seed's value."""
+    import numpy as np
+
+    ys = np.array(ys, dtype=float)  # (seeds, points)
+    mean = ys.mean(0)
+    ax.errorbar(x, mean, yerr=[mean - ys.min(0), ys.max(0) - mean], capsize=3, **kw)
+
+
 def smoothed(values: list[float], window: int = 5):
     """(steps, moving average over `window` steps, shorter for a short run): each point is the mean of real steps,
     placed at the middle one (steps count from 1)."""

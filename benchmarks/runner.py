@@ -84,6 +84,23 @@ def parse_seeds(parser: argparse.ArgumentParser, text: str) -> list[int]:
     return seeds
 
 
+def result_out_problem(prefix: str, script: str) -> str | None:
+    """Why a script's OUT.{md,json,png} may not be written, or None: the folder must be writable, and an existing
+    OUT.md must be one `script` wrote (its first line says so); a user's file of that name is never replaced."""
+    why = checkpoint.out_path_problem(prefix)
+    if why:
+        return f"--out {prefix!r}: {why}"
+    md = f"{prefix}.md"
+    if os.path.exists(md):
+        with open(md, encoding="utf-8", errors="replace") as f:
+            if not f.readline().startswith(f"<!-- written by benchmarks/{script}"):
+                return f"--out {prefix}: {md} exists and was not written by {script}; refusing to replace it"
+    for path in (f"{prefix}.json", f"{prefix}.png"):
+        if os.path.exists(path) and not os.path.exists(md):
+            return f"--out {prefix}: {path} exists without {md} (not this script's result); refusing to replace it"
+    return None
+
+
 def spread(values, digits: int) -> str:
     """mean ± sample sd [min, max] of `values`, the cells of the scripts' tables over seeds (one value: itself)."""
     v = np.asarray(values, dtype=float)

@@ -30,7 +30,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 import runner  # noqa: E402
-from figures import _pyplot, smoothed  # noqa: E402
+from figures import _pyplot, min_max_band, smoothed  # noqa: E402
 
 ALGOS = ("grpo", "spiral")
 # (column, how to read it from one policy's evaluate.py summary)
@@ -94,23 +94,19 @@ def figure(results: dict, seeds: list[int], runs_dir: str, path: str) -> bool:
     members = {"base": ["base"], **{a: [f"{a}-s{s}" for s in seeds] for a in ALGOS}}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
 
-    def band(ax, x, ys, **kw):
-        ys = np.array(ys)  # (seeds, points)
-        mean = ys.mean(0)
-        ax.errorbar(x, mean, yerr=[mean - ys.min(0), ys.max(0) - mean], capsize=3, **kw)
 
     for key, labels in members.items():
         sums = [policies[m]["summary"] for m in labels]
         maj = sums[0]["majority"]
-        band(axes[0], maj["budget"], [s["majority"]["accuracy"] for s in sums], color=colors[key], marker="o",
-             label=f"{names[key]} majority@k")
+        min_max_band(axes[0], maj["budget"], [s["majority"]["accuracy"] for s in sums], color=colors[key], marker="o",
+                     label=f"{names[key]} majority@k")
         rsa4 = [next(r for r in s["rsa"] if r["population"] == 4) for s in sums]
-        band(axes[0], rsa4[0]["budget"], [r["pass_at_1"] for r in rsa4], color=colors[key], marker="s",
-             linestyle="--", label=f"{names[key]} RSA P=4, steps 1-3")
+        min_max_band(axes[0], rsa4[0]["budget"], [r["pass_at_1"] for r in rsa4], color=colors[key], marker="s",
+                     linestyle="--", label=f"{names[key]} RSA P=4, steps 1-3")
         for P, style in ((4, "-"),):
             rs = [next(r for r in s["rsa"] if r["population"] == P) for s in sums]
-            band(axes[1], rs[0]["step"], [r["pass_at_1"] for r in rs], color=colors[key], marker="o",
-                 linestyle=style, label=f"{names[key]} P={P}")
+            min_max_band(axes[1], rs[0]["step"], [r["pass_at_1"] for r in rs], color=colors[key], marker="o",
+                         linestyle=style, label=f"{names[key]} P={P}")
     axes[0].set_xscale("log", base=2)
     axes[0].set_xticks([16, 32, 64, 128, 192], labels=["16", "32", "64", "128", "192"], minor=False)
     axes[0].minorticks_off()
@@ -135,31 +131,13 @@ def figure(results: dict, seeds: list[int], runs_dir: str, path: str) -> bool:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"tiny_parts: SPIRAL vs GRPO at equal training budget (384 tokens per problem), "
+    fig.suptitle(f"tiny_parts: SPIRAL vs GRPO at equal maximum budget (384 tokens per problem), "
                  f"{len(seeds)} seeds, {results['config']['limit']} problems x 8 samples; bars: min-max over seeds")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
 
-
-def check_out(prefix: str) -> str | None:
-    """Why OUT.{md,json,png} may not be written, or None: the folder must be writable, and an existing OUT.md must
-    be one this script wrote (its first line says so); a user's file of that name is never replaced."""
-    import checkpoint
-
-    why = checkpoint.out_path_problem(prefix)
-    if why:
-        return f"--out {prefix!r}: {why}"
-    md = f"{prefix}.md"
-    if os.path.exists(md):
-        with open(md, encoding="utf-8", errors="replace") as f:
-            if not f.readline().startswith("<!-- written by benchmarks/second_task.py"):
-                return f"--out {prefix}: {md} exists and was not written by second_task.py; refusing to replace it"
-    for path in (f"{prefix}.json", f"{prefix}.png"):
-        if os.path.exists(path) and not os.path.exists(md):
-            return f"--out {prefix}: {path} exists without {md} (not this script's result); refusing to replace it"
-    return None
 
 
 def main(argv=None) -> int:
@@ -184,7 +162,7 @@ def main(argv=None) -> int:
     writes = r"(grpo|spiral)-s\d+(\.log)?|eval"  # all that it writes in --runs-dir, and OUT.* if it is there
     if os.path.abspath(os.path.dirname(args.out) or ".") == os.path.abspath(args.runs_dir):
         writes += rf"|{re.escape(os.path.basename(args.out))}\.(md|json|png)"
-    why = check_out(args.out) or runner.runs_dir_problem(args.runs_dir, writes)
+    why = runner.result_out_problem(args.out, "second_task.py") or runner.runs_dir_problem(args.runs_dir, writes)
     if why:
         print(f"second_task.py: error: {why}", file=sys.stderr)
         return 2

@@ -251,7 +251,7 @@ def cross_table(results: dict, seeds: list[int]) -> tuple[str, dict] | None:
 def figure(results: dict, runs: dict, seeds: list[int], path: str) -> bool:
     """Four panels: pass@k, RSA pass@1 by step (mean over seeds, bars min-max), search accuracy over training, and
     search-trace entropy against search accuracy (every step of every seed)."""
-    from figures import _pyplot, plot_entropy_against_accuracy, smoothed
+    from figures import _pyplot, min_max_band, plot_entropy_against_accuracy, smoothed
 
     plt = _pyplot("set_rl.py")
     if plt is None:
@@ -262,17 +262,12 @@ def figure(results: dict, runs: dict, seeds: list[int], path: str) -> bool:
     names = {"base": "warm start", **{a: label for a, (label, _) in ARMS.items()}}
     fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
 
-    def band(ax, x, ys, **kw):
-        ys = np.array(ys, dtype=float)  # (seeds, points)
-        mean = ys.mean(0)
-        ax.errorbar(x, mean, yerr=[mean - ys.min(0), ys.max(0) - mean], capsize=3, **kw)
 
     for key, labels in members.items():
         sums = [policies[m]["summary"] for m in labels]
-        band(axes[0], sums[0]["passk"]["k"], [s["passk"]["pass_at_k"] for s in sums], color=colors[key], marker="o",
-             label=names[key])
-        band(axes[1], _rsa(sums[0])["step"], [_rsa(s)["pass_at_1"] for s in sums], color=colors[key], marker="o",
-             label=names[key])
+        style = dict(color=colors[key], marker="o", label=names[key])
+        min_max_band(axes[0], sums[0]["passk"]["k"], [s["passk"]["pass_at_k"] for s in sums], **style)
+        min_max_band(axes[1], _rsa(sums[0])["step"], [_rsa(s)["pass_at_1"] for s in sums], **style)
     axes[0].set(xscale="log", xlabel="k", ylabel="pass@k", title="pass@k (held-out problems)")
     axes[0].set_xticks([1, 2, 4, 8], labels=["1", "2", "4", "8"])
     axes[0].minorticks_off()
@@ -297,24 +292,6 @@ def figure(results: dict, runs: dict, seeds: list[int], path: str) -> bool:
     plt.close(fig)
     return True
 
-
-def check_out(prefix: str) -> str | None:
-    """Why OUT.{md,json,png} may not be written, or None: the folder must be writable, and an existing OUT.md must
-    be one this script wrote (its first line says so); a user's file of that name is never replaced."""
-    import checkpoint
-
-    why = checkpoint.out_path_problem(prefix)
-    if why:
-        return f"--out {prefix!r}: {why}"
-    md = f"{prefix}.md"
-    if os.path.exists(md):
-        with open(md, encoding="utf-8", errors="replace") as f:
-            if not f.readline().startswith("<!-- written by benchmarks/set_rl.py"):
-                return f"--out {prefix}: {md} exists and was not written by set_rl.py; refusing to replace it"
-    for path in (f"{prefix}.json", f"{prefix}.png"):
-        if os.path.exists(path) and not os.path.exists(md):
-            return f"--out {prefix}: {path} exists without {md} (not this script's result); refusing to replace it"
-    return None
 
 
 def report(results: dict, runs: dict, seeds: list[int], header: str) -> tuple[str, dict]:
@@ -361,7 +338,7 @@ def main(argv=None) -> int:
     writes = rf"({'|'.join(ARMS)})-s\d+(\.log)?|eval"  # all that it writes in --runs-dir, and OUT.* if it is there
     if os.path.abspath(os.path.dirname(args.out) or ".") == os.path.abspath(args.runs_dir):
         writes += rf"|{re.escape(os.path.basename(args.out))}\.(md|json|png)"
-    why = check_out(args.out) or runner.runs_dir_problem(args.runs_dir, writes)
+    why = runner.result_out_problem(args.out, "set_rl.py") or runner.runs_dir_problem(args.runs_dir, writes)
     if why:
         runner.fail("set_rl.py", why)
     runs = training_runs(seeds, args.steps, args.runs_dir)

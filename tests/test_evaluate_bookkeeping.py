@@ -226,10 +226,8 @@ def test_traces_read_from_the_cache_are_counted_as_asked_for(tmp_path):
     assert (cache.reused, cache.generated, sampler.calls) == (2, 0, 0)
 
 
-def test_each_generate_call_of_a_stage_draws_its_own_seed(tmp_path, monkeypatch):
-    """One planned call whose jobs need different numbers of copies (one topped up from 1 cached trace to 3, one drawn
-    from 0) is two generate calls; each is seeded from its own content, copies included, so the two never share a
-    random stream."""
+def _record_generate_seeds(monkeypatch) -> list[int]:
+    """rollout.generate replaced by a stand-in recording the torch seed each call runs under (one trace "t" a copy)."""
     seeds = []
 
     def generate(model, tokenizer, prompts, *, samples_per_prompt, **_):
@@ -237,6 +235,14 @@ def test_each_generate_call_of_a_stage_draws_its_own_seed(tmp_path, monkeypatch)
         return [[rollout.Completion([1], [2], [0.0], "t", False)] * samples_per_prompt for _ in prompts]
 
     monkeypatch.setattr(tracecache.rollout, "generate", generate)
+    return seeds
+
+
+def test_each_generate_call_of_a_stage_draws_its_own_seed(tmp_path, monkeypatch):
+    """One planned call whose jobs need different numbers of copies (one topped up from 1 cached trace to 3, one drawn
+    from 0) is two generate calls; each is seeded from its own content, copies included, so the two never share a
+    random stream."""
+    seeds = _record_generate_seeds(monkeypatch)
     cache = tracecache.TraceCache(tmp_path)
     cache.write(_search_key("What is 1 + 1?"), [_trace("2")])
     sampler = tracecache.Sampler(None, None, cache, IDENTITY, tokens_per_call=1024)
@@ -248,13 +254,7 @@ def test_each_generate_call_of_a_stage_draws_its_own_seed(tmp_path, monkeypatch)
 def test_topping_up_a_pool_draws_a_stream_of_its_own(tmp_path, monkeypatch):
     """k more traces on top of a cached pool of k are drawn from a seed of where the job starts (trace k), not the
     first k's seed again: the top-up would repeat the pool's traces."""
-    seeds = []
-
-    def generate(model, tokenizer, prompts, *, samples_per_prompt, **_):
-        seeds.append(torch.initial_seed())
-        return [[rollout.Completion([1], [2], [0.0], "t", False)] * samples_per_prompt for _ in prompts]
-
-    monkeypatch.setattr(tracecache.rollout, "generate", generate)
+    seeds = _record_generate_seeds(monkeypatch)
     cache = tracecache.TraceCache(tmp_path)
     first = tracecache.Sampler(None, None, cache, IDENTITY, tokens_per_call=1024)
     assert [len(t) for t in first.search(["What is 1 + 1?"], 2, 8)] == [2]

@@ -166,8 +166,8 @@ def test_length_aware_rule_zeroes_long_positive_advantages(world):
     assert changed > 0
 
 
-def test_aggregation_adapter_wraps_only_aggregation(world, monkeypatch):
-    _, calls, _ = world
+def _adapter_marker(calls):
+    """A stand-in aggregation_adapter context and the list of how many generate calls had run at its entry and exit."""
     entered = []
 
     class Marker:
@@ -176,6 +176,13 @@ def test_aggregation_adapter_wraps_only_aggregation(world, monkeypatch):
 
         def __exit__(self, *exc):
             entered.append(len(calls))
+
+    return Marker, entered
+
+
+def test_aggregation_adapter_wraps_only_aggregation(world, monkeypatch):
+    _, calls, _ = world
+    Marker, entered = _adapter_marker(calls)
 
     spiral.collect_spiral(None, None, problems_in_order("p0"), batch_problems=1, max_new_tokens=64,
                           rng=np.random.default_rng(0), aggregation_adapter=Marker)
@@ -307,14 +314,7 @@ def test_own_with_the_length_rule_and_the_aggregator_adapter(world):
     for a, b in zip(plain.samples[:8], capped.samples[:8]):  # search trace j has 10 + j tokens
         assert b.advantage == (0.0 if a.advantage > 0 and len(a.completion_ids) > 11 else a.advantage)
     assert sum(a.advantage != b.advantage for a, b in zip(plain.samples[:8], capped.samples[:8])) == 1  # trace 2
-    entered = []
-
-    class Marker:
-        def __enter__(self):
-            entered.append(len(calls))
-
-        def __exit__(self, *exc):
-            entered.append(len(calls))
+    Marker, entered = _adapter_marker(calls)
 
     before = len(calls)
     _collect(["p0"], "own", aggregation_adapter=Marker)
