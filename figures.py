@@ -283,6 +283,16 @@ def min_max_band(ax, x, ys, **kw) -> None:
     ax.errorbar(x, mean, yerr=[mean - ys.min(0), ys.max(0) - mean], capsize=3, **kw)
 
 
+def plot_seed_mean(ax, curves: list[list[float]], **kw) -> None:
+    """One line: the mean over seeds of per-step curves (cut to the shortest), as a 5-step moving average; markers
+    when it has fewer than 5 points, so that a short run's few points stay visible."""
+    import numpy as np
+
+    n = min(len(c) for c in curves)
+    x, y = smoothed(list(np.mean([c[:n] for c in curves], 0)))
+    ax.plot(x, y, marker="o" if len(x) < 5 else "", **kw)
+
+
 def smoothed(values: list[float], window: int = 5):
     """(steps, moving average over `window` steps, shorter for a short run): each point is the mean of real steps,
     placed at the middle one (steps count from 1)."""

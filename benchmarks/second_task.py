@@ -23,14 +23,12 @@ import os
 import re
 import sys
 
-import numpy as np
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 import runner  # noqa: E402
-from figures import _pyplot, min_max_band, smoothed  # noqa: E402
+from figures import _pyplot, min_max_band, plot_seed_mean  # noqa: E402
 
 ALGOS = ("grpo", "spiral")
 # (column, how to read it from one policy's evaluate.py summary)
@@ -123,10 +121,7 @@ def figure(results: dict, seeds: list[int], runs_dir: str, path: str) -> bool:
                 if rows and key in rows[0]:
                     curves.append([r[key] for r in rows])
             if curves:
-                n = min(len(c) for c in curves)
-                x, y = smoothed(list(np.mean([c[:n] for c in curves], 0)))
-                axes[2].plot(x, y, color=colors[algo], linestyle=style, label=f"{names[algo]} {what}",
-                             marker="o" if len(x) < 5 else "")  # a short run's few points stay visible
+                plot_seed_mean(axes[2], curves, color=colors[algo], linestyle=style, label=f"{names[algo]} {what}")
     axes[2].set(xlabel="training step", ylabel="mean reward (5-step mean, over seeds)", title="training")
     for ax in axes:
         ax.grid(alpha=0.3)

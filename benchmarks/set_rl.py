@@ -251,7 +251,7 @@ def cross_table(results: dict, seeds: list[int]) -> tuple[str, dict] | None:
 def figure(results: dict, runs: dict, seeds: list[int], path: str) -> bool:
     """Four panels: pass@k, RSA pass@1 by step (mean over seeds, bars min-max), search accuracy over training, and
     search-trace entropy against search accuracy (every step of every seed)."""
-    from figures import _pyplot, min_max_band, plot_entropy_against_accuracy, smoothed
+    from figures import _pyplot, min_max_band, plot_entropy_against_accuracy, plot_seed_mean
 
     plt = _pyplot("set_rl.py")
     if plt is None:
@@ -277,9 +277,7 @@ def figure(results: dict, runs: dict, seeds: list[int], path: str) -> bool:
         acc_key = _keys(arm)[0]
         curves = [[r[acc_key] for r in rows] for rows in seed_rows if rows and acc_key in rows[0]]
         if curves:
-            n = min(len(c) for c in curves)
-            x, y = smoothed(list(np.mean([c[:n] for c in curves], 0)))
-            axes[2].plot(x, y, color=colors[arm], label=names[arm], marker="o" if len(x) < 5 else "")
+            plot_seed_mean(axes[2], curves, color=colors[arm], label=names[arm])
     axes[2].set(xlabel="training step", ylabel="search accuracy (5-step mean, over seeds)", title="training")
     plot_entropy_against_accuracy(axes[3], {names[a]: (rows, *_keys(a), colors[a]) for a, rows in runs.items()})
     for ax in axes:
