@@ -10,6 +10,8 @@ so `advantage == 0` reliably means "no gradient". numpy only: copy this file int
 flat_spiral_advantages and flat_group_advantages take a trainer's flat batch of rows (PORTING.md).
 """
 
+from math import comb
+
 import numpy as np
 
 
@@ -135,6 +137,58 @@ def length_aware(advantages, lengths, target_length):
     if isinstance(target_length, bool) or not isinstance(target_length, (int, float, np.number)):
         raise ValueError(f"target_length must be a number, got {target_length!r}")
     return np.where((adv > 0) & (lengths > target_length), 0.0, adv)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Line 13 under a perfect selector: pass@n policy optimisation (PKPO: Walder & Karkhanis 2025, arXiv 2505.15201).
+# An aggregator that always picks the best candidate scores a set by f_hat(x, G) = max_{y in G} r(x, y). With every
+# one of the C(N1, n) sets (K -> all), line 13 is then PKPO's pass@n objective: for r in {0, 1} with c of N1 right,
+#     A#_marg(y_j) = 1 - rho(N1, c, n)                              y_j right
+#                  = rho(N1 - 1, c, n - 1) - rho(N1, c, n)          y_j wrong
+# where rho(N, c, k) = 1 - C(N - c, k) / C(N, k) is the unbiased pass@k estimate. So set RL stops pushing a trace once
+# every set holding it is right, and gives a wrong trace credit when its sets are right anyway.
+
+
+def oracle_set_scores(sets, rewards):
+    """f_hat(x, G_l) of a perfect-selector aggregator: max_{y in G_l} r(x, y). sets_K_n, rewards_N1 -> scores_K.
+
+    Line 8 without aggregation traces (train.py --aggregator oracle): what line 13 does to search traces alone.
+    """
+    rewards_N1 = _floats("rewards", rewards, 1)
+    sets_K_n, _ = _checked_sets(sets, np.zeros(len(sets)), len(rewards_N1))
+    return rewards_N1[sets_K_n].max(axis=1)  # (K,)
+
+
+def pass_at_k_estimate(num_traces, num_correct, k):
+    """rho(N, c, k) = 1 - C(N - c, k) / C(N, k): the unbiased pass@k estimate from c right of N (Chen et al. 2021)."""
+    return 1.0 - comb(num_traces - num_correct, k) / comb(num_traces, k)
+
+
+def pass_at_n_advantages(rewards, set_size):
+    """Line 13 over all C(N1, n) sets with the perfect selector, in closed form (no set is enumerated):
+
+        A#_marg(y_j) = mean_{G ∋ y_j} max_G r  -  mean_G max_G r            (rewards_N1 in [0, 1] -> adv_N1)
+
+    Over rewards sorted ascending, the largest of a uniformly drawn n-set is the i-th smallest (0-based) with
+    probability C(i, n-1) / C(N, n); for the sets holding y_j, max(r_j, the largest of n-1 others drawn from N-1).
+    For r in {0, 1} this is the identity in the comment above (tests check both against enumeration).
+    """
+    rewards_N1 = _floats("rewards", rewards, 1)
+    N, n = len(rewards_N1), set_size
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= N:
+        raise ValueError(f"set_size must be an integer in [1, {N}], got {set_size!r}")
+    if n == N or np.all(rewards_N1 == rewards_N1[0]):
+        return np.zeros(N)  # every set is the same, or scores the same: exactly no gradient
+    sorted_N = np.sort(rewards_N1)
+    mean_max = float(sorted_N @ np.array([comb(i, n - 1) for i in range(N)])) / comb(N, n)  # mean_G max_G r
+    if n == 1:
+        return rewards_N1 - mean_max
+    weights = np.array([comb(i, n - 2) for i in range(N - 1)]) / comb(N - 1, n - 1)  # (N-1,)
+    adv_N1 = np.empty(N)
+    for j in range(N):
+        others = np.sort(np.delete(rewards_N1, j))  # (N-1,)
+        adv_N1[j] = float(np.maximum(others, rewards_N1[j]) @ weights) - mean_max
+    return adv_N1
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ SEED_LIMIT = 2**64  # seeds in [0, 2**64): the range torch.manual_seed accepts
 MAX_TRACES_PER_PROBLEM = 4096  # N1 + K N2 or G (paper: 24); more sits in one step for hours with no output
 MAX_NEW_TOKENS = 2**18  # per trace (paper: 4096 and 8192; majority@k 16,384)
 MAX_COUNT = 2**31 - 1  # any other count (steps, tokens per batch, ...): beyond this it is a typo
+MAX_MODEL_SETS = 256  # --num-sets all with a model aggregator: N2 aggregation traces for each of C(N1, n) sets
 
 
 class ConfigError(Exception):
@@ -59,6 +60,16 @@ def converter(tp, flag):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag} expects {base.__name__}, got {text!r}")
     return convert
+
+
+def count_or_all(text: str):
+    """argparse `type` of --num-sets: a count, or "all" (every one of the C(N1, n) sets)."""
+    if text == "all":
+        return "all"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--num-sets expects an integer or all, got {text!r}") from None
 
 
 def need(ok: bool, name: str, value, what: str) -> None:
@@ -92,7 +103,10 @@ def validate(cfg, resume_flag: str = "--resume") -> list:
     """Every check of a TrainConfig that needs no model; raises ConfigError, returns the training problems, touches
     nothing (the run directory's lock comes after, in train.main). `resume_flag`: the flag errors name (trl_spiral.py's
     is --resume_from_checkpoint)."""
-    counts = ["steps", "save_every", "batch_problems", "num_search", "set_size", "num_sets", "num_aggregations",
+    all_sets = getattr(cfg, "num_sets", None) == "all"  # every one of the C(N1, n) sets (train.py)
+    aggregator = getattr(cfg, "aggregator", "model")  # trl_spiral.py's config has neither field
+    counts = ["steps", "save_every", "batch_problems", "num_search", "set_size", *([] if all_sets else ["num_sets"]),
+              "num_aggregations",
               "group_size", "max_new_tokens", "max_prompt_tokens", "lora_rank", "micro_batch_tokens",
               "logprob_chunk_size", "max_draws", "target_length", "generation_batch_size", "generation_tokens",
               "cpu_threads"]
@@ -103,7 +117,10 @@ def validate(cfg, resume_flag: str = "--resume") -> list:
         need(not isinstance(value, float) or math.isfinite(value), f.name, value, "a finite number")
     check_seed(cfg.seed)
     check_temperature(cfg.temperature)
-    traces = cfg.num_search + cfg.num_sets * cfg.num_aggregations if cfg.algo == "spiral" else cfg.group_size
+    num_sets = math.comb(cfg.num_search, cfg.set_size) if all_sets and cfg.set_size <= cfg.num_search else \
+        cfg.num_sets if not all_sets else 1
+    traces = (cfg.num_search + (num_sets * cfg.num_aggregations if aggregator == "model" else 0)
+              if cfg.algo == "spiral" else cfg.group_size)
     for name, ok, what in [
             ("num_search" if cfg.algo == "spiral" else "group_size", traces <= MAX_TRACES_PER_PROBLEM,
              f"such that a problem has at most {MAX_TRACES_PER_PROBLEM} traces (N1 + K N2 or G; paper: 24)"),
@@ -119,22 +136,38 @@ def validate(cfg, resume_flag: str = "--resume") -> list:
     if cfg.dtype not in ("auto", *rollout.DTYPES):  # argparse checks the flag; this, a resumed config.json
         raise ConfigError(f"--dtype {cfg.dtype}: expected auto, bfloat16 or float32")
     search_advantage = getattr(cfg, "search_advantage", "set")  # trl_spiral.py's config may not have the field
-    if search_advantage not in ("set", "own"):
-        raise ConfigError(f"--search-advantage {search_advantage}: expected set or own")
+    if search_advantage not in ("set", "own", "none"):
+        raise ConfigError(f"--search-advantage {search_advantage}: expected set, own or none")
+    if aggregator not in ("model", "oracle"):
+        raise ConfigError(f"--aggregator {aggregator}: expected model or oracle")
     if cfg.algo == "spiral":
         if cfg.set_size > cfg.num_search:
             raise ConfigError(f"--set-size {cfg.set_size} is larger than --num-search {cfg.num_search}")
         total = setsample.count_possible_sets(cfg.num_search, cfg.set_size)
-        if cfg.num_sets > total:
+        if all_sets and aggregator == "model" and total > MAX_MODEL_SETS:
+            raise ConfigError(f"--num-sets all with --aggregator model: C({cfg.num_search}, {cfg.set_size}) = "
+                              f"{total:,} aggregation prompts per problem, more than {MAX_MODEL_SETS} (use "
+                              "--aggregator oracle, or a number of sets)")
+        if aggregator == "oracle" and search_advantage != "set":
+            raise ConfigError(f"--aggregator oracle trains the search traces by line 13 alone; --search-advantage "
+                              f"{search_advantage} would leave nothing to train")
+        if aggregator == "oracle" and cfg.separate_aggregator:
+            raise ConfigError("--separate-aggregator with --aggregator oracle: no aggregation trace is written")
+        if not all_sets and cfg.num_sets > total:
             raise ConfigError(f"--num-sets {cfg.num_sets} exceeds the C({cfg.num_search}, {cfg.set_size}) = {total} "
                               "possible sets")
-        if cfg.unbiased_set_rl and setsample.gradient_scale(cfg.num_search, cfg.set_size, cfg.num_sets) == 0:
+        if cfg.unbiased_set_rl and setsample.gradient_scale(cfg.num_search, cfg.set_size, num_sets) == 0:
             raise ConfigError(f"--unbiased-set-rl: M = 0 for --num-sets {cfg.num_sets} (K = 1 or N1 = n: the search "
                               "traces get no set-RL gradient to rescale)")
-        if cfg.unbiased_set_rl and search_advantage == "own":
-            raise ConfigError("--unbiased-set-rl rescales the set-RL advantage; --search-advantage own has none")
+        if cfg.unbiased_set_rl and search_advantage != "set":
+            raise ConfigError(f"--unbiased-set-rl rescales the set-RL advantage; --search-advantage "
+                              f"{search_advantage} has none")
     elif search_advantage != "set":
-        raise ConfigError("--search-advantage own needs --algo spiral (GRPO has no search/aggregation split)")
+        raise ConfigError(f"--search-advantage {search_advantage} needs --algo spiral (GRPO has no "
+                          "search/aggregation split)")
+    elif aggregator != "model" or all_sets:
+        raise ConfigError(f"{'--aggregator oracle' if aggregator != 'model' else '--num-sets all'} needs --algo "
+                          "spiral (GRPO has no sets)")
     elif cfg.separate_aggregator or cfg.unbiased_set_rl:
         raise ConfigError(f"--{'separate-aggregator' if cfg.separate_aggregator else 'unbiased-set-rl'} needs "
                           "--algo spiral (GRPO has no aggregation traces)")

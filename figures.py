@@ -31,13 +31,17 @@ def _pyplot(who: str):
 DASHBOARD = [
     ("accuracy (mean reward)", [("search_accuracy", "search"), ("aggregation_accuracy", "aggregation"),
                                 ("accuracy", "GRPO")]),
+    ("can line 13 act? (spiral.py)", [("line13/set_scores_differ", "problems whose set scores differ"),
+                                      ("line13/wrong_positive", "wrong traces with A#_marg > 0"),
+                                      ("line13/corr_set_own", "corr(A#_marg, own-reward advantage)")]),
     ("token entropy, all traces (nats)", [("rollout/entropy_search", "search"), ("rollout/entropy_grpo", "GRPO"),
                                           ("rollout/entropy_aggregation", "aggregation (dashed)")]),
     ("mean length (tokens)", [("search_length", "search"), ("aggregation_length", "aggregation"),
                               ("length", "GRPO")]),
     ("truncation rate", [("search_truncation_rate", "search"), ("aggregation_truncation_rate", "aggregation"),
                          ("truncation_rate", "GRPO")]),
-    ("problems per step", [("problems_drawn", "drawn"), ("problems_kept", "kept (non-zero advantage)")]),
+    ("problems per step", [("problems_drawn", "drawn"), ("problems_kept", "kept (non-zero advantage)"),
+                           ("draw_cap_hit", "max_draws hit (0/1)")]),
     ("gradient norm (before clipping)", [("train/grad_norm", "theta"), ("train/grad_norm_aggregator", "phi")]),
     ("importance ratio", [("train/importance_ratio_max", "max"), ("train/importance_ratio_mean", "mean"),
                           ("train/importance_ratio_min", "min")]),
@@ -110,6 +114,8 @@ class StepBar:
     def step_done(self, row: dict) -> None:
         if "aggregation_accuracy" in row:
             self.last = f"aggregation acc {row['aggregation_accuracy']:.3f}, search acc {row['search_accuracy']:.3f}"
+        elif "search_accuracy" in row:  # --aggregator oracle: no aggregation trace
+            self.last = f"search acc {row['search_accuracy']:.3f}"
         else:
             self.last = f"GRPO acc {row['accuracy']:.3f}"
         self.bar.set_postfix_str(f"{self.last}, {row['time/generated_tokens_per_s']:.0f} tok/s", refresh=False)
@@ -223,18 +229,18 @@ def dashboard_series(rows: list[dict]) -> list[tuple[str, list[tuple[str, list, 
 
 
 def training_figure(rows: list[dict], title: str = ""):
-    """dashboard_series drawn as a matplotlib Figure (2 x 4 panels over steps), or None without matplotlib."""
+    """dashboard_series drawn as a matplotlib Figure (3 x 3 panels over steps), or None without matplotlib."""
     plt = _pyplot("train.py")
     if plt is None:
         return None
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(2, 4, figsize=(17, 6.5), squeeze=False)
+    fig, axes = plt.subplots(3, 3, figsize=(15, 10), squeeze=False)
     for ax, (panel, series) in zip(axes.flat, dashboard_series(rows)):
         for label, steps, values in series:
             ax.plot(steps, values, marker=".", label=label, ls="--" if "dashed" in label else "-")
-        if panel.startswith(("accuracy", "truncation")):
-            ax.set_ylim(-0.03, 1.03)
+        if panel.startswith(("accuracy", "truncation", "can line 13")):
+            ax.set_ylim(-1.03 if panel.startswith("can") else -0.03, 1.03)  # a correlation may be negative
         if panel == "importance ratio" and ax.lines:  # at least 1 +- 0.01: fp32's ratio ~ 1 +- 1e-6 reads as flat
             low, high = ax.get_ylim()
             ax.set_ylim(min(low, 0.99), max(high, 1.01))

@@ -74,6 +74,16 @@ def sample_sets(num_traces, set_size, num_sets, *, ordered=False, rng):
     return np.array(rows, dtype=np.int64).reshape(K, n)  # (K, n)
 
 
+def all_sets(num_traces, set_size):
+    """Every one of the C(N, n) unordered sets, in lexicographic order: sets_K_n with K = C(N, n) (int64).
+
+    Line 5 in the limit K -> all: line 13 then averages over every set a trace is in, with no sampling noise
+    (train.py --num-sets all). Rows are ascending, as sample_sets' unordered rows are.
+    """
+    N, n, _ = _check(num_traces, set_size)
+    return np.array(list(itertools.combinations(range(N), n)), dtype=np.int64).reshape(-1, n)  # (C(N, n), n)
+
+
 def _coverage(N, n, K, ordered):
     """q_K as an exact pair of ints (numerator, denominator)."""
     # The K sets miss trace i exactly when all K come from the A_{N-1} sets over the other traces.

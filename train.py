@@ -94,7 +94,8 @@ class TrainConfig:
     max_draws: int | None = option(None, "stop drawing problems for a step after this many (default 4 x |B|)")
     num_search: int = option(8, "N1: search traces per problem (Algorithm 1, line 2)")
     set_size: int = option(4, "n: search traces per set (line 5)")
-    num_sets: int = option(4, "K: sets drawn per problem, without replacement from the C(N1, n) possible (line 5)")
+    num_sets: int | str = option(4, "K: sets drawn per problem, without replacement from the C(N1, n) possible "
+                                     "(line 5); all: every one of them (the K -> infinity limit of line 13)")
     num_aggregations: int = option(4, "N2: aggregation traces per set (line 7)")
     group_size: int = option(12, "GRPO: samples per problem (12 x 8192 = SPIRAL's 24 x 4096 = 98,304 tokens)")
     max_new_tokens: int | None = option(None, "max tokens per trace (default: spiral 4096, grpo 8192)")
@@ -102,9 +103,14 @@ class TrainConfig:
     target_length: int | None = option(None, "L_target of the appendix's length-aware advantage (default off)")
     unbiased_set_rl: bool = option(False, "divide the search traces' advantages by M of Proposition 3.1 for an "
                                           "unbiased set-RL gradient (paper: off; M is logged either way)")
-    search_advantage: Literal["set", "own"] = option("set", "the search traces' advantage, Algorithm 1 line 13: set "
-                                                     "(SPIRAL: marginal set advantage) or own (the ablation: GRPO's "
-                                                     "advantage on each trace's own reward; aggregation as SPIRAL)")
+    search_advantage: Literal["set", "own", "none"] = option(
+        "set", "the search traces' advantage, Algorithm 1 line 13: set (SPIRAL: marginal set advantage), own (the "
+               "ablation: GRPO's advantage on each trace's own reward) or none (0: search traces learn only through "
+               "weights shared with aggregation); aggregation traces as SPIRAL's in all three")
+    aggregator: Literal["model", "oracle"] = option(
+        "model", "who scores a set at line 8: model (SPIRAL: the mean reward of N2 aggregation traces) or oracle (a "
+                 "perfect selector, max_{y in G} r(x, y): no aggregation trace is sampled or trained, so line 13 "
+                 "alone trains the policy; with --num-sets all, PKPO's pass@n objective)")
     temperature: float = option(1.0, "sampling temperature; the loss's log-probs use the same one")
     lr: float = option(2e-5, "AdamW learning rate (paper: 2e-5)")
     lora_rank: int = option(32, "LoRA rank r (paper: 32)")
@@ -172,23 +178,34 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def sets_per_problem(cfg: TrainConfig) -> int:
+    """K as a number: --num-sets, or C(N1, n) for --num-sets all."""
+    return setsample.count_possible_sets(cfg.num_search, cfg.set_size) if cfg.num_sets == "all" else cfg.num_sets
+
+
+def traces_per_problem(cfg: TrainConfig) -> int:
+    """Completions generated per problem: SPIRAL N1 + K N2 (N1 with the oracle aggregator), GRPO G (paper: 24, 12)."""
+    if cfg.algo == "grpo":
+        return cfg.group_size
+    return cfg.num_search + (sets_per_problem(cfg) * cfg.num_aggregations if cfg.aggregator == "model" else 0)
+
+
 def token_budget_per_problem(cfg: TrainConfig) -> int:
     """Max completion tokens per problem: SPIRAL (N1 + K N2) L, GRPO G L (paper: both 98,304)."""
-    if cfg.algo == "spiral":
-        return (cfg.num_search + cfg.num_sets * cfg.num_aggregations) * cfg.max_new_tokens
-    return cfg.group_size * cfg.max_new_tokens
+    return traces_per_problem(cfg) * cfg.max_new_tokens
 
 
 def budget_line(cfg: TrainConfig) -> str:
     """The maximum budget per problem written out, e.g. "(8 + 4 x 4) x 16 = 384" (SPIRAL) or "12 x 32 = 384"."""
-    traces = f"({cfg.num_search} + {cfg.num_sets} x {cfg.num_aggregations})" if cfg.algo == "spiral" \
-        else f"{cfg.group_size}"
+    traces = (f"{cfg.group_size}" if cfg.algo == "grpo" else f"{cfg.num_search}" if cfg.aggregator == "oracle"
+              else f"({cfg.num_search} + {sets_per_problem(cfg)} x {cfg.num_aggregations})")
     return f"{traces} x {cfg.max_new_tokens} = {token_budget_per_problem(cfg):,}"
 
 
 def gradient_scale_M(cfg: TrainConfig) -> float | None:
     """M of Proposition 3.1 for the run's N1, n, K (unordered sets): E[g_set] = M x the set-RL gradient. GRPO: None."""
-    return setsample.gradient_scale(cfg.num_search, cfg.set_size, cfg.num_sets) if cfg.algo == "spiral" else None
+    return setsample.gradient_scale(cfg.num_search, cfg.set_size, sets_per_problem(cfg)) if cfg.algo == "spiral" \
+        else None
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -375,7 +392,7 @@ def collect(cfg: TrainConfig, model, tokenizer, stream: ProblemStream, np_rng, r
                                  num_sets=cfg.num_sets, num_aggregations=cfg.num_aggregations,
                                  aggregation_adapter=aggregator,
                                  search_advantage_scale=1 / gradient_scale_M(cfg) if cfg.unbiased_set_rl else 1.0,
-                                 search_advantage=cfg.search_advantage, **common)
+                                 search_advantage=cfg.search_advantage, aggregator=cfg.aggregator, **common)
 
 
 def train(cfg: TrainConfig, problems, reward_fn=None) -> None:
@@ -518,6 +535,8 @@ def build_parser() -> argparse.ArgumentParser:
         flag, tp, help_text = "--" + f.name.replace("_", "-"), hints[f.name], f.metadata["help"]
         if tp is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        elif f.name == "num_sets":
+            parser.add_argument(flag, type=cli.count_or_all, metavar="K|all", help=help_text)
         elif typing.get_origin(tp) is Literal:
             parser.add_argument(flag, choices=typing.get_args(tp), help=help_text)
         else:

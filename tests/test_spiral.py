@@ -322,7 +322,7 @@ def test_own_with_the_length_rule_and_the_aggregator_adapter(world):
 
 
 def test_search_advantage_is_checked(world):
-    with pytest.raises(ValueError, match="'set' or 'own'"):
+    with pytest.raises(ValueError, match="'set', 'own' or 'none'"):
         _collect(["p0"], "mine")
     with pytest.raises(ValueError, match="concerns set RL only"):
         _collect(["p0"], "own", search_advantage_scale=0.5)
@@ -339,3 +339,118 @@ def test_tokens_generated_are_split_by_level(world):
     assert m["problems_drawn"] == 2 and m["tokens_generated"] == 2 * (search + aggregation)
     assert m["tokens_per_problem_search"] == search and m["tokens_per_problem_aggregation"] == aggregation
     assert m["tokens_per_problem"] == search + aggregation  # per DRAWN problem: the skipped p2 counts
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The floor (search_advantage="none"), the perfect selector (aggregator="oracle"), every set (num_sets="all"), and
+# the instruments that say whether line 13 can act
+
+
+def test_none_zeroes_the_search_rows_and_leaves_aggregation_spiral_s(world):
+    """search_advantage="none": every search row has advantage exactly 0 (no gradient), the aggregation rows are
+    SPIRAL's bit for bit on the same sets, and a problem is kept for its aggregation signal."""
+    none, reference = _collect(["p0", "p1"], "none"), _collect(["p0", "p1"], "set")
+    for i in range(2):
+        block, ref = none.samples[i * 24:(i + 1) * 24], reference.samples[i * 24:(i + 1) * 24]
+        assert [s.advantage for s in block[:8]] == [0.0] * 8 and {s.reward for s in block[:8]} == {None}
+        assert [(s.advantage, s.reward) for s in block[8:]] == [(s.advantage, s.reward) for s in ref[8:]]
+        assert any(s.advantage != 0 for s in ref[:8])  # SPIRAL's search rows had a signal here
+    assert none.metrics["problems_kept"] == 2
+
+
+def test_oracle_scores_each_set_by_its_best_trace_and_samples_no_aggregation(world):
+    """aggregator="oracle": one generate call (search only), f_hat(x, G) = max_{y in G} r(x, y), line 13 as SPIRAL's
+    on those scores, recomputed here with plain loops; only search Samples, each with its reward."""
+    good, calls, drawn_sets = world
+    out = _collect(["p0", "p1"], aggregator="oracle")
+    assert len(calls) == 1 and calls[0][1] == 8  # no aggregation prompt was sampled
+    assert len(out.samples) == 16 and {s.role for s in out.samples} == {"search"}
+    for i, name in enumerate(["p0", "p1"]):
+        rewards_N1 = [float(j in good[name]) for j in range(8)]
+        scores = [max(rewards_N1[j] for j in G) for G in drawn_sets[i]]
+        set_adv = [s - np.mean(scores) for s in scores]
+        for j, sample in enumerate(out.samples[i * 8:(i + 1) * 8]):
+            containing = [a for a, G in zip(set_adv, drawn_sets[i]) if j in G]
+            assert sample.advantage == pytest.approx(np.mean(containing) if containing else 0.0, abs=1e-15)
+            assert sample.reward == rewards_N1[j]
+    m = out.metrics
+    assert "aggregation_accuracy" not in m and m["tokens_per_problem_aggregation"] == 0
+    assert m["token_budget_per_problem"] == 8 * 64 and m["time/aggregation_s"] == 0.0
+
+
+def test_oracle_over_all_sets_is_the_pass_at_n_closed_form(world):
+    """num_sets="all" with the oracle: every one of the C(8, 4) = 70 sets, and the search advantages are PKPO's
+    pass@n advantages (advantages.pass_at_n_advantages) on the traces' rewards; no set is sampled."""
+    from advantages import pass_at_n_advantages
+
+    good, _, drawn_sets = world
+    out = _collect(["p0", "p1"], aggregator="oracle", num_sets="all")
+    assert drawn_sets == []  # sample_sets was not called
+    for i, name in enumerate(["p0", "p1"]):
+        rewards_N1 = np.array([float(j in good[name]) for j in range(8)])
+        assert [s.advantage for s in out.samples[i * 8:(i + 1) * 8]] == \
+            pytest.approx(pass_at_n_advantages(rewards_N1, 4).tolist(), abs=1e-12)
+    assert out.metrics["gradient_scale_M"] == pytest.approx(1.0)  # M at K = C(8, 4): N1/n - 1
+
+
+def test_all_sets_with_the_model_aggregator_prompts_every_set(world):
+    _, calls, drawn_sets = world
+    out = _collect(["p1"], num_sets="all")
+    assert drawn_sets == [] and [len(p) for p, _ in calls] == [1, 70]
+    assert len(out.samples) == 8 + 70 * 4 and out.metrics["token_budget_per_problem"] == (8 + 280) * 64
+
+
+def test_oracle_refuses_a_search_advantage_other_than_set(world):
+    for choice in ("own", "none"):
+        with pytest.raises(ValueError, match="must be 'set'"):
+            _collect(["p0"], choice, aggregator="oracle")
+    with pytest.raises(ValueError, match="'model' or 'oracle'"):
+        _collect(["p0"], aggregator="perfect")
+
+
+def test_line13_instruments_recomputed_by_hand(world):
+    """line13/* over the drawn problems, recomputed from the sets and rewards: the fraction of problems whose K set
+    scores differ, the mean sd of the scores, the correlation of A#_marg with r - mean r over all search traces,
+    and the share of wrong traces with A#_marg > 0. p3 (all good) is drawn and skipped but still counts."""
+    from advantages import spiral_advantages
+
+    good, _, drawn_sets = world
+    out = _collect(["p3", "p1", "p0"], "own", max_draws=3)  # the instruments read line 13 whatever trains the search traces
+    scores, set_adv, own_adv, rewards = [], [], [], []
+    for i, name in enumerate(["p3", "p1", "p0"]):
+        r_N1 = np.array([float(j in good[name]) for j in range(8)])
+        r_K_N2 = np.array([[float(j < len(set(s) & good[name])) for j in range(4)] for s in drawn_sets[i]])
+        scores.append(r_K_N2.mean(1))
+        set_adv.append(spiral_advantages(drawn_sets[i], r_K_N2, 8)[0])
+        own_adv.append(r_N1 - r_N1.mean())
+        rewards.append(r_N1)
+    m = out.metrics
+    assert m["line13/set_scores_differ"] == pytest.approx(np.mean([len(set(s)) > 1 for s in scores]))
+    assert m["line13/set_score_sd"] == pytest.approx(np.mean([np.std(s) for s in scores]))
+    a, o, r = np.concatenate(set_adv), np.concatenate(own_adv), np.concatenate(rewards)
+    assert m["line13/corr_set_own"] == pytest.approx(np.corrcoef(a, o)[0, 1])
+    assert m["line13/wrong_positive"] == pytest.approx(np.mean(a[r == 0] > 0))
+    assert 0 < m["line13/set_scores_differ"] < 1  # p3's sets all score 1: not every problem differs
+
+
+def test_instruments_omit_what_is_undefined(monkeypatch):
+    """All search traces right (no wrong trace) and constant set scores: no correlation and no wrong-trace share
+    are logged (never NaN), and the fraction of problems whose set scores differ is 0."""
+    monkeypatch.setattr(spiral, "generate", lambda model, tok, prompts, samples_per_prompt, **kw:
+                        [[_completion("\\boxed{1}", 3, 1.0)] * samples_per_prompt for _ in prompts])
+    monkeypatch.setattr(spiral, "reward", fake_reward)
+    m = _collect(["q"], max_draws=1).metrics
+    assert m["line13/set_scores_differ"] == 0.0 and m["line13/set_score_sd"] == 0.0
+    assert "line13/corr_set_own" not in m and "line13/wrong_positive" not in m
+
+
+def test_draw_cap_hit_says_when_max_draws_ended_the_step(world):
+    short = spiral.collect_spiral(None, None, problems_in_order("p2", "p3", "p0"), batch_problems=2,
+                                  max_new_tokens=64, rng=np.random.default_rng(0), max_draws=3)
+    refilled = spiral.collect_spiral(None, None, problems_in_order("p2", "p0", "p1"), batch_problems=2,
+                                     max_new_tokens=64, rng=np.random.default_rng(0), max_draws=3)
+    assert short.metrics["draw_cap_hit"] == 1 and short.metrics["problems_kept"] == 1
+    assert refilled.metrics["problems_drawn"] == 3 and refilled.metrics["draw_cap_hit"] == 0  # |B| kept at the cap
+    grpo = spiral.collect_grpo(None, None, problems_in_order("p2", "p3"), batch_problems=1, group_size=8,
+                               max_new_tokens=64, max_draws=2)
+    assert grpo.metrics["draw_cap_hit"] == 1 and grpo.metrics["problems_kept"] == 0

@@ -182,3 +182,23 @@ def test_collect_passes_the_search_advantage_and_the_unbiased_scale_to_spiral(mo
     assert [kw["search_advantage"] for kw in seen] == ["set", "own", "set"]
     assert [kw["search_advantage_scale"] for kw in seen][:2] == [1.0, 1.0]
     assert seen[2]["search_advantage_scale"] == pytest.approx(1 / train.setsample.gradient_scale(8, 4, 4))
+
+
+def test_num_sets_all_aggregator_and_their_budgets(monkeypatch):
+    """--num-sets all parses to "all" (K = C(N1, n) wherever K is a number: the budget, M); a misspelling is one
+    line; --aggregator oracle generates only the N1 search traces, so its maximum budget is N1 L; and train.collect
+    hands both switches to spiral.collect_spiral."""
+    parsed = vars(train.build_parser().parse_args(["--num-sets", "all", "--aggregator", "oracle"]))
+    assert parsed == {"num_sets": "all", "aggregator": "oracle"}
+    with pytest.raises(train.ConfigError, match="--num-sets expects an integer or all, got 'every'"):
+        train.build_parser().parse_args(["--num-sets", "every"])
+    every = train.resolve_config({"preset": "tiny_parts6", "num_sets": "all"})
+    assert train.sets_per_problem(every) == 70 and train.gradient_scale_M(every) == pytest.approx(1.0)
+    assert train.token_budget_per_problem(every) == (8 + 70 * 4) * 28
+    assert train.budget_line(every) == "(8 + 70 x 4) x 28 = 8,064"
+    oracle = train.resolve_config({"preset": "tiny_parts6", "aggregator": "oracle", "num_sets": "all"})
+    assert train.token_budget_per_problem(oracle) == 8 * 28 and train.budget_line(oracle) == "8 x 28 = 224"
+    seen = []
+    monkeypatch.setattr(train.spiral, "collect_spiral", lambda *a, **kw: seen.append(kw))
+    train.collect(oracle, None, None, None, None)
+    assert (seen[0]["aggregator"], seen[0]["num_sets"]) == ("oracle", "all")
