@@ -64,6 +64,7 @@ import torch
 import checkpoint
 import cli
 import figures
+import instruments
 import reward as grader
 import problemset
 import rollout
@@ -352,6 +353,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cross", action="append", metavar="SEARCH=AGGREGATOR",
                    help="cross-aggregation (repeatable): RSA over policy SEARCH's search traces with policy "
                         "AGGREGATOR's aggregation traces (steps >= 2), two --policy labels")
+    p.add_argument("--probe-aggregators", action="store_true",
+                   help="each policy's aggregator over candidate sets built from every policy's search traces: all "
+                        "right, one right, none right, n copies of one wrong trace (instruments.py)")
     p.add_argument("--cross-all", nargs="?", const="", metavar="LABEL,LABEL,...",
                    help="--cross for every ordered pair of these policies, each with itself included (its own RSA); "
                         "no value: of every policy")
@@ -537,6 +541,13 @@ def run(cfg) -> int:
                       "summary": {"rsa": rsa_curves(records, cfg), "sets": {"rsa": rsa_set_measures(records, cfg)}},
                       "problems": records})
 
+    if cfg.probe_aggregators:  # the pools are read back from the cache: nothing new is sampled for them
+        pools = {label: samplers[label].search([p.problem for p in problems], cfg.num_samples, cfg.max_new_tokens)
+                 for label in samplers}
+        probe = instruments.probe_aggregators(problems, pools, samplers, lambda traces, x: _graded(
+            traces, x, reward_fn), cfg.rsa_set_size, cfg.max_new_tokens)
+        for label, measured in probe.items():
+            results[label]["summary"]["probe"] = measured
     out = Path(cfg.out)
     config = {k: v for k, v in vars(cfg).items() if k not in ("model_explicit", "policy", "adapter", "cross",
                                                               "cross_all")}

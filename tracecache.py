@@ -161,8 +161,9 @@ class Sampler:
             return self._fill(jobs, max_new_tokens, f"search L={max_new_tokens}")
 
     def aggregate(self, step: int, prompts_R: list[list[str]], max_new_tokens: int,
-                  search_identity: dict | None = None) -> list[list[Trace]]:
+                  search_identity: dict | None = None, stage: str | None = None) -> list[list[Trace]]:
         """One trace per Aggregation Trace Prompt, for every RSA run of one step; the key hashes the prompts.
+        `stage` names other aggregation draws in the key and the progress line (instruments.py's probe).
 
         search_identity: the policy whose search traces step 1 held, where it is another policy (cross-aggregation);
         the key names it, so these draws are not this policy's own RSA draws. Its own identity adds nothing: a pair
@@ -171,10 +172,10 @@ class Sampler:
         crossed = {} if search_identity in (None, self.identity) else {
             "search": {k: v for k, v in search_identity.items() if k != "model"}, "search_model":
             search_identity["model"]}
-        jobs = [({**self.identity, **crossed, "stage": f"rsa-step{step}", "prompts": digest(prompts),
+        jobs = [({**self.identity, **crossed, "stage": stage or f"rsa-step{step}", "prompts": digest(prompts),
                   "max_new_tokens": max_new_tokens}, prompts) for prompts in prompts_R]
         with self.aggregation_adapter():
-            return self._fill(jobs, max_new_tokens, f"RSA step {step}")
+            return self._fill(jobs, max_new_tokens, stage or f"RSA step {step}")
 
 
 if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
