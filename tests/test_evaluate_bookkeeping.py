@@ -89,6 +89,47 @@ def test_sequential_reports_the_share_of_its_traces_that_hit_the_length():
     assert evaluate.summarize(records, cfg)["sequential"]["truncated"] == [0.5]
 
 
+class Scored(PoolSampler):
+    """Search traces "a", "b", "c", "d" (a user's task grades them by their text); every aggregation trace "c"."""
+
+    def search(self, problems, count, max_new_tokens):
+        return [[evaluate.Trace(t, 8, 20, False) for t in "abcd"[:count]] for _ in problems]
+
+    def aggregate(self, step, prompts_R, max_new_tokens):
+        return [[evaluate.Trace("c", 8, 20, False) for _ in prompts] for prompts in prompts_R]
+
+
+def test_a_users_reward_counts_a_trace_as_solved_only_at_one():
+    """--reward with rewards in (0, 1): a = 1, b = 0.5, c = 0.99, d = 0. pass@k, sequential's pass@1 and RSA's
+    pass@1 count only r = 1 as solved (1 of 4); each trace keeps the reward it was given. Counted right at any
+    positive reward, pass@1 would be 3/4 and RSA's step 2 (all "c") 1."""
+    scores = {"a": 1.0, "b": 0.5, "c": 0.99, "d": 0.0}
+    cfg = _pool_cfg(["passk", "rsa", "sequential"], k_list=[1, 2, 4], rsa_populations=[4], rsa_steps=2)
+    (record,) = evaluate.evaluate_policy([Problem("What is 1 + 1?", None)], Scored([]), cfg,
+                                         reward_fn=lambda problem, text: scores[text])
+    assert [(s["reward"], s["correct"]) for s in record["pools"][12]] == [
+        (1.0, True), (0.5, False), (0.99, False), (0.0, False)]
+    assert record["pass_at_k"] == {1: 0.25, 2: 0.5, 4: 1.0}  # n = 4, c = 1: 1 - C(3, 2) / C(4, 2) at k = 2
+    assert record["sequential"][12]["pass_at_1"] == 0.25
+    assert [step["pass_at_1"] for step in record["rsa"][4]] == [0.25, 0.0]
+    assert [s["reward"] for s in record["rsa"][4][1]["samples"]] == [0.99] * 4
+
+
+def test_tokens_per_trace_are_those_of_the_n_traces_read_where_rsa_makes_the_pool_larger():
+    """RSA's P = 8 > n = 2 makes the pool at --max-new-tokens 8 traces long, trace j of j + 1 tokens. pass@k,
+    majority@k and sequential read its first n = 2 (1.5 tokens a trace), and their tokens are those 2's, not the
+    whole pool's (4.5 a trace); RSA's step 1 generated all 8 (36 tokens)."""
+    class Lengths(PoolSampler):
+        def search(self, problems, count, max_new_tokens):
+            return [[evaluate.Trace("\\boxed{2}", j + 1, 20, False) for j in range(count)] for _ in problems]
+
+    cfg = _pool_cfg(["passk", "majority", "rsa", "sequential"], num_samples=2, k_list=[1, 2], rsa_populations=[8])
+    summary = evaluate.summarize(evaluate.evaluate_policy([Problem("What is 1 + 1?", "2")], Lengths([]), cfg), cfg)
+    assert summary["passk"]["tokens"] == summary["majority"]["tokens"] == [1.5, 3.0]
+    assert summary["passk"]["search_tokens"] == [1.5, 3.0] and summary["sequential"]["tokens"] == [1.5]
+    assert summary["rsa"][0]["tokens"] == [36.0]
+
+
 @pytest.fixture
 def tiny_policy(monkeypatch):
     model, tokenizer = rollout.load_policy("tiny")
@@ -261,3 +302,25 @@ def test_topping_up_a_pool_draws_a_stream_of_its_own(tmp_path, monkeypatch):
     topped_up = tracecache.Sampler(None, None, cache, IDENTITY, tokens_per_call=1024)
     assert [len(t) for t in topped_up.search(["What is 1 + 1?"], 4, 8)] == [4] and topped_up.calls == 1
     assert len(seeds) == 2 and seeds[0] != seeds[1]
+
+
+def test_a_trace_keeps_the_tokens_it_generated_not_the_budget(tmp_path, monkeypatch):
+    """Each Trace holds its completion's own token count (the EOS included), its prompt's, and rollout's truncated
+    flag, for search and aggregation traces alike: what evaluate.py's token columns add up is what was generated,
+    not max_new_tokens. Completions of 1, 3 and 8 tokens (an EOS at the last allowed token: not truncated), and one
+    cut at 8 (truncated); the aggregation prompts' lengths differ."""
+    lengths, cut = [1, 3, 8, 8], [False, False, False, True]
+
+    def generate(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, **_):
+        assert max_new_tokens == 8
+        return [[rollout.Completion([0] * (5 + i), [1] * lengths[j], [0.0] * lengths[j], f"t{j}", cut[j])
+                 for j in range(samples_per_prompt)] for i in range(len(prompts))]
+
+    monkeypatch.setattr(tracecache.rollout, "generate", generate)
+    sampler = tracecache.Sampler(None, None, tracecache.TraceCache(tmp_path), IDENTITY, tokens_per_call=1024)
+    (search,) = sampler.search(["What is 1 + 1?"], 4, 8)
+    assert search == [evaluate.Trace(f"t{j}", n, 5, c) for j, (n, c) in enumerate(zip(lengths, cut))]
+    (aggregation,) = sampler.aggregate(2, [["first prompt", "second prompt"]], 8)
+    assert aggregation == [evaluate.Trace("t0", 1, 5, False), evaluate.Trace("t0", 1, 6, False)]
+    again = tracecache.Sampler(None, None, tracecache.TraceCache(tmp_path), IDENTITY, tokens_per_call=1024)
+    assert again.search(["What is 1 + 1?"], 4, 8) == [search] and again.calls == 0  # read back as written

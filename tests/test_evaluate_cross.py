@@ -8,6 +8,7 @@ import runpy
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import lora
 import rollout
 import tiny
 import tracecache
+from problemset import Problem
 
 FLAGS = ["--preset", "tiny", "--method", "rsa", "--max-new-tokens", "8", "--rsa-populations", "3",
          "--rsa-set-size", "2", "--rsa-steps", "3"]
@@ -138,6 +140,37 @@ def test_a_cross_pair_resumes_from_the_cache_and_an_interrupted_one_finishes_as_
     resumed = cross_runs("--cross", "lora=base", cache="resumed")
     assert traces_by_adapter(cross_runs.calls) == {None: 2 * 3 * 2}  # only the pair's steps 2 and 3, by base
     assert resumed["cross"] == cold["cross"] and resumed["policies"] == cold["policies"]
+
+
+class Numbered:
+    """A stand-in Sampler: search trace j of every problem answers j; an aggregation trace at step t answers 10 t.
+    Records the pool sizes asked for."""
+
+    def __init__(self, name):
+        self.identity, self.asked = {"model": name}, []
+
+    def search(self, problems, count, max_new_tokens):
+        self.asked.append(count)
+        return [[tracecache.Trace(f"\\boxed{{{j}}}", 1, 1, False) for j in range(count)] for _ in problems]
+
+    def aggregate(self, step, prompts_R, max_new_tokens, search_identity=None):
+        return [[tracecache.Trace(f"\\boxed{{{10 * step}}}", 1, 1, False) for _ in prompts] for prompts in prompts_R]
+
+
+def test_a_cross_pair_over_several_populations_reads_each_ones_first_p_search_traces():
+    """RSA populations P = 2 and 4: the searcher's pool is drawn once, at the largest P, and each population's step
+    1 is its first P traces (as the searcher's own RSA reads them), aggregated by the aggregator at steps >= 2."""
+    cfg = SimpleNamespace(rsa_populations=[2, 4], rsa_set_size=2, rsa_steps=3, seed=0, max_new_tokens=8)
+    problems = [Problem("What is 1 + 1?", "2", id="a"), Problem("What is 2 + 2?", "4", id="b")]
+    searcher, aggregator = Numbered("A"), Numbered("B")
+    records = evaluate.cross_aggregate(problems, searcher, aggregator, cfg)
+    assert searcher.asked == [4] and aggregator.asked == []
+    for record, problem in zip(records, problems):
+        assert record["id"] == problem.id and sorted(record["rsa"]) == [2, 4]
+        for P, steps in record["rsa"].items():
+            assert [[s["answer"] for s in step["samples"]] for step in steps] == [
+                [str(j) for j in range(P)], ["20"] * P, ["30"] * P]
+            assert len(record["sets"]["rsa"][P]) == 2  # the sets of steps 2 and 3
 
 
 def test_seeds_ignore_where_the_models_lie_but_not_whose_traces_were_aggregated():

@@ -4,6 +4,7 @@ seed draws the same tokens (same Completions), the sample distribution follows s
 truncation, and one decode step traces into a single graph with no graph break (torch.compile fullgraph)."""
 
 import copy
+import re
 import weakref
 
 import pytest
@@ -665,6 +666,56 @@ def test_fast_engine_refuses_linears_it_would_misread(tokenizer):
         assert rollout.resolve_engine("auto", fake_cuda(wrapped)) == "hf"
         with pytest.raises(ValueError, match="up_proj"):
             rollout.generate(wrapped, tokenizer, ["Hi"], samples_per_prompt=1, max_new_tokens=2, engine="fast")
+
+
+class ScaledLinear(torch.nn.Linear):
+    """An nn.Linear subclass with a forward of its own (as a quantized linear's dequantizing scale): read as a plain
+    nn.Linear, its scale would be dropped."""
+
+    def forward(self, x):
+        return super().forward(x) * 0.5
+
+
+def _subclassed(base: torch.nn.Linear) -> ScaledLinear:
+    linear = ScaledLinear(base.in_features, base.out_features, bias=base.bias is not None)
+    linear.load_state_dict(base.state_dict())
+    return linear
+
+
+def _gelu(model):
+    from transformers.activations import ACT2FN
+
+    model.config.hidden_act = "gelu"
+    for layer in model.model.layers:
+        layer.mlp.act_fn = ACT2FN["gelu"]
+    return model
+
+
+def test_fast_engine_refuses_a_linear_subclass_a_foreign_lm_head_and_a_non_silu_mlp(tokenizer):
+    """More layers the engine would misread, each named by supports() and refused by engine="fast" ("auto" picks the
+    reference on CUDA): an nn.Linear subclass (a quantized linear) at a projection, bare or inside a
+    lora.LoRALinear; another library's LoRA on lm_head (read as its base weight); an MLP whose activation is not
+    SiLU (the engine applies SiLU). A lora.LoRALinear on lm_head, which the engine reads, is accepted."""
+    model = rollout.load_policy("tiny", device="cpu")[0]
+    changes = [
+        (lambda m: setattr(m.model.layers[1].self_attn, "o_proj", _subclassed(m.model.layers[1].self_attn.o_proj)),
+         "model.layers.1.self_attn.o_proj is a ", "ScaledLinear"),
+        (lambda m: setattr(m.model.layers[2].mlp, "gate_proj", lora.LoRALinear(_subclassed(m.model.layers[2].mlp
+                                                                                           .gate_proj))),
+         "model.layers.2.mlp.gate_proj is a lora.LoRALinear", ""),
+        (lambda m: setattr(m, "lm_head", ForeignLoRA(m.lm_head)), "lm_head is a ", "ForeignLoRA"),
+        (_gelu, "supports SiLU MLPs; this one uses gelu", "")]
+    for change, where, what in changes:
+        changed = copy.deepcopy(model)
+        change(changed)
+        reason = fastgen.supports(changed)
+        assert where in reason and what in reason, reason
+        assert rollout.resolve_engine("auto", fake_cuda(changed)) == "hf"
+        with pytest.raises(ValueError, match=re.escape(where)):
+            rollout.generate(changed, tokenizer, ["Hi"], samples_per_prompt=1, max_new_tokens=2, engine="fast")
+    ours = copy.deepcopy(model)
+    ours.lm_head = lora.LoRALinear(ours.lm_head)
+    assert fastgen.supports(ours) == "" and rollout.resolve_engine("auto", fake_cuda(ours)) == "fast"
 
 
 def test_fast_engine_refuses_a_real_peft_model(tokenizer):

@@ -344,8 +344,9 @@ def small_run(tmp_path, monkeypatch):
 
 
 def test_a_resume_refuses_a_base_that_is_not_what_the_run_wrote(small_run, tmp_path, capsys):
-    """A truncated OUT/base/model.safetensors: the resume stops in one line before any work (it resumed with exit 0
-    and wrote adapters pointing at the corrupt base). Removed, as the line says, it is written again, the same."""
+    """A truncated or altered OUT/base/model.safetensors, or a file of OUT/base missing: the resume stops in one line
+    before any work (it resumed with exit 0 and wrote adapters pointing at the corrupt base). Removed, as the line
+    says, it is written again, the same."""
     run = tmp_path / "run"
     assert train.main([*small_run, "--out", str(run)]) == 0
     weights = run / "base" / "model.safetensors"
@@ -360,6 +361,15 @@ def test_a_resume_refuses_a_base_that_is_not_what_the_run_wrote(small_run, tmp_p
         _one_line(capsys, "train.py", f"--resume: {weights} is not what the run wrote ({len(corrupt):,} bytes",
                   f"written: {len(original):,} bytes", f"remove {run / 'base'} and resume again")
         assert _snapshot(run) == before
+    weights.write_bytes(original)
+    config = run / "base" / "config.json"
+    written = config.stat().st_size
+    config.unlink()
+    before = _snapshot(run)
+    capsys.readouterr()
+    assert train.main(["--out", str(run), "--resume", "--steps", "2"]) == 2
+    _one_line(capsys, "train.py", f"--resume: {config} is not what the run wrote (missing; written: {written:,} bytes")
+    assert _snapshot(run) == before
     shutil.rmtree(run / "base")
     assert train.main(["--out", str(run), "--resume", "--steps", "2"]) == 0
     assert weights.read_bytes() == original
