@@ -131,8 +131,10 @@ class Run:
         return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ignored_settings()}
 
 
-def run_state(run: Run) -> tuple[str, str]:
-    """("new", ""), ("finished", ""), ("resume", "") or ("differs", why) for the run directory run.out."""
+def run_state(run: Run, accept_code: tuple[str, ...] = ()) -> tuple[str, str]:
+    """("new", ""), ("finished", ""), ("resume", "") or ("differs", why) for the run directory run.out. `accept_code`:
+    code digests besides this checkout's whose runs count as the same code (a script's --trained-by: runs trained
+    at an earlier commit whose training code is unchanged, the report names the digest)."""
     out = os.path.join(REPO, run.out)
     if not os.path.isdir(out) or not os.listdir(out):
         return "new", ""
@@ -152,7 +154,7 @@ def run_state(run: Run) -> tuple[str, str]:
         made_by = trained_by(out, latest)
     except (checkpoint.CheckpointError, AttributeError) as e:  # AttributeError: a config.json that is not a dict
         return "differs", f"its record of the code that trained it cannot be read ({e})"
-    if made_by != {checkpoint.code_digest()}:
+    if not made_by or not made_by <= {checkpoint.code_digest(), *accept_code}:
         return "differs", (f"it was trained by other code ({', '.join(sorted(made_by)) or 'not recorded'}; this "
                            f"checkout's is {checkpoint.code_digest()}), so its figures are not this code's")
     rows = checkpoint.read_metrics(os.path.join(out, "metrics.jsonl"))
@@ -172,7 +174,8 @@ def trained_by(out: str, latest: str | None) -> set[str]:
     return {(record.get("versions") or {}).get("code") for record in records} - {None}
 
 
-def plan(runs: list[Run], overwrite: bool, who: str) -> tuple[list[tuple[Run, list[str]]], list[Run]]:
+def plan(runs: list[Run], overwrite: bool, who: str, accept_code: tuple[str, ...] = ()
+         ) -> tuple[list[tuple[Run, list[str]]], list[Run]]:
     """(runs to train with the extra flags each needs, finished runs to reuse); exits 2 with one line if a run's
     settings are ones train.py refuses (check_run), or if a run directory holds something else and `overwrite` is off
     (`overwrite` trains those again; a finished or resumable run of the same settings and code is kept either way).
@@ -183,7 +186,7 @@ def plan(runs: list[Run], overwrite: bool, who: str) -> tuple[list[tuple[Run, li
             fail(who, f"{run.name}: {why}")
     todo, reused = [], []
     for run in runs:
-        state, why = run_state(run)
+        state, why = run_state(run, accept_code)
         if state == "finished":
             reused.append(run)
         elif state == "resume":

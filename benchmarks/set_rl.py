@@ -204,6 +204,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-cross", action="store_true", help="skip the cross-aggregation pairs")
     parser.add_argument("--stop-after", choices=("grid", "train"),
                         help="stop after the learning-rate grid, or after training every run (no evaluation)")
+    parser.add_argument("--trained-by", default="", metavar="DIGEST,...",
+                        help="also reuse finished runs trained by this code (checkpoint.code_digest of an earlier "
+                             "commit whose training code is the same); the report names the digests")
     parser.add_argument("--overwrite", action="store_true",
                         help="train again the runs in --runs-dir that hold other settings")
     parser.add_argument("--out", help="prefix of the .md, .json and .png (default RUNS_DIR/set_rl)")
@@ -256,7 +259,8 @@ def main(argv=None) -> int:
 
 
 def _train(runs: list[runner.Run], args, runs_dir: str) -> None:
-    todo, reused = runner.plan(runs, args.overwrite, "set_rl.py")  # refuses a directory holding another run
+    accept = tuple(d for d in args.trained_by.split(",") if d)
+    todo, reused = runner.plan(runs, args.overwrite, "set_rl.py", accept)  # refuses a directory holding another run
     for run in reused:
         print(f"set_rl.py: reusing {run.out} (finished, same settings and code)", file=sys.stderr)
     runner.train_all(todo, runs_dir, args.jobs, {run.name: run.settings()["steps"] for run, _ in todo}, "set_rl.py")
