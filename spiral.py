@@ -212,7 +212,7 @@ def collect_spiral(
             rewards_K_N2 = np.array([grade(x, c.text) for c in aggregation_KN2]).reshape(K, N2)
             search_rewards_N1 = np.array([grade(x, c.text) for c in search_N1])  # SPIRAL: logging only
             # Lines 8-13 (set scores, baseline, set and marginal advantages) and line 15's advantage.
-            search_adv_N1, aggregation_adv_K_N2 = spiral_advantages(sets_P_K_n[i], rewards_K_N2, N1)
+            search_adv_N1, aggregation_adv_K_N2 = spiral_advantages(sets_P_K_n[i], rewards_K_N2=rewards_K_N2, N1=N1)
             if search_advantage == "set":
                 search_adv_N1 = search_adv_N1 * search_advantage_scale  # 1/M: E[g_set] = the set-RL gradient
             else:  # the ablation's line 13: each search trace on its own reward, centred within the problem

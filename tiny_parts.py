@@ -335,7 +335,7 @@ def search_credit(model, tokenizer, problems: list[Problem], *, seed: int = 0, m
         right_P_N1.append([sum(len(a) == len(p.answer) and a[d] == g for d, g in enumerate(p.answer)) for a in answers])
         rewards_K_N2 = np.array([[reward(c.text, p.answer) for c in row]
                                  for row in aggregation[i * num_sets:(i + 1) * num_sets]])
-        adv["set"].append(spiral_advantages(sets_P_K_n[i], rewards_K_N2, num_search)[0])
+        adv["set"].append(spiral_advantages(sets_P_K_n[i], rewards_K_N2=rewards_K_N2, N1=num_search)[0])
         adv["own"].append(group_advantages([reward(c.text, p.answer) for c in search]))
     out = _credit(np.array(right_P_N1), adv, len(problems[0].answer))
     out["search_length"] = float(np.mean([len(c.completion_ids) for row in search_P_N1 for c in row]))
@@ -377,7 +377,7 @@ def noisy_solver_credit(digits: int, p_digit: float, problems: int = 2000, seed:
         sets_K_n = sample_sets(num_search, set_size, num_sets, rng=rng)
         chance_K = np.array([_plurality_right([answers[j] for j in G], gold) for G in sets_K_n])
         rewards_K_N2 = (rng.random((num_sets, num_aggregations)) < chance_K[:, None]).astype(float)
-        adv["set"].append(spiral_advantages(sets_K_n, rewards_K_N2, num_search)[0])
+        adv["set"].append(spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=num_search)[0])
         adv["own"].append(group_advantages([float(a == gold) for a in answers]))
     return _credit(np.array(right_P_N1), adv, digits)
 
