@@ -126,9 +126,9 @@ class ScriptedSampler:
         return [[evaluate.Trace(f"\\boxed{{{self.gold[p] if j < self.right[p] else 90 + j % 2}}}", 3, 5, False)
                  for j in range(count)] for p in problems]
 
-    def aggregate(self, step, prompts_R, max_new_tokens):
+    def aggregate(self, step, prompts_run, max_new_tokens):
         out = []
-        for prompts in prompts_R:
+        for prompts in prompts_run:
             gold = str(2 * int(re.search(r"What is (\d+)", prompts[0]).group(1)))
             out.append([evaluate.Trace(f"\\boxed{{{gold if zlib.crc32(p.encode()) % 2 == 0 else 'no'}}}", 2 + step,
                                        9, False) for p in prompts])
