@@ -5,8 +5,9 @@ independent parts (3+4, 5+1, 2+6). The warm start imitates a noisy solver that g
 probability p_digit and otherwise writes a uniformly random other digit, independently per digit and per trace:
 one trace is right only if all three parts are (p_digit^3), while 4 traces usually hold every part somewhere and
 agree on it more often than on any wrong digit. Its aggregator combines candidates digit by digit (the plurality
-digit of each position), so a set is worth more than any of its members before RL starts. The README's second-task
-section has the measured figures and the SPIRAL against GRPO comparison (benchmarks/second_task.py).
+digit of each position), so a set is worth more than any of its members before RL starts. EXPERIMENTS.md, "A second
+CPU task where a set knows more than a trace", has the measured figures and the SPIRAL against GRPO comparison
+(benchmarks/second_task.py).
 
 Same world as tiny.py (tokenizer, 0.9M-parameter Qwen3, the paper's prompts and reward) but every digit is its own
 token, so a part is a token. Problems: PROBLEMS_FILE (1,000 training problems, written by `write_problems`) and
