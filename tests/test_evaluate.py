@@ -91,6 +91,11 @@ def test_majority_ties_are_random_seeded_and_counted_and_none_casts_no_vote():
         "accuracy": 0.0, "votes": 1, "ties": 0}
 
 
+def test_an_answer_joins_the_first_group_it_is_equivalent_to_not_only_the_latest():
+    same_letter = lambda a, b: a[0] == b[0]  # noqa: E731
+    assert testtime.cluster_answers(["a1", "b1", "a2", None, "c1", "b2"], same_letter) == [0, 1, 0, None, 2, 1]
+
+
 def test_a_group_is_graded_by_its_first_member():
     same_letter = lambda a, b: a[0] == b[0]  # noqa: E731  (a stand-in for a non-transitive math-verify)
     r = testtime.majority_at_k(["a1", "a2", "b"], [True, False, False], [3], rng=np.random.default_rng(0),
@@ -153,8 +158,9 @@ def test_rsa_set_draws_are_fixed_per_step_so_longer_runs_extend_shorter_ones():
     (long,), _ = _fake_rsa(steps=4)
     assert short[1].sets_pop_k == long[1].sets_pop_k
     assert long[2].sets_pop_k != long[3].sets_pop_k  # fresh draws at every step (not one fixed pattern)
-    with pytest.raises(ValueError):
-        testtime.draw_rsa_sets(3, 4, np.random.default_rng(0))
+    for population, set_size in [(3, 4), (3, 0)]:  # numpy's own error for (3, 4) would not name the sizes
+        with pytest.raises(ValueError, match=f"got set_size={set_size}, population={population}"):
+            testtime.draw_rsa_sets(population, set_size, np.random.default_rng(0))
 
 
 def test_rsa_runs_in_lockstep_are_the_runs_done_alone():
