@@ -95,19 +95,22 @@ def aggregation_advantages(rewards):
     return _centre("rewards", _floats("rewards", rewards, 2))  # (K, N2)
 
 
-def spiral_advantages(sets, aggregation_rewards, num_traces):
+def spiral_advantages(sets_K_n, *, rewards_K_N2, N1):
     """Algorithm 1, lines 8-15 for one prompt: (adv_N1 for the search traces, adv_K_N2 for the aggregation traces).
 
     Line 8 scores each set by its mean aggregation reward, f_hat(x, G_l) = (1/N2) sum_i r(x, y^{G_l}_i);
     lines 10-13 give the search traces their marginal set advantage; line 15 centres each set's rewards.
-    `sets` (K, n) and `aggregation_rewards` (K, N2): row l of both belongs to G_l.
+    `sets_K_n` (K, n) and `rewards_K_N2` (K, N2): row l of both belongs to G_l; N1 search traces in all.
+    rewards_K_N2 and N1 are keyword-only: at K = N2 (the paper's 4 and 4) a transposed (N2, K) array has the
+    right shape and no check could tell, so the call names the axes: spiral_advantages(sets_K_n,
+    rewards_K_N2=rewards_K_N2, N1=N1). Both outputs are float64, whatever the inputs' dtype.
     """
-    rewards_K_N2 = _floats("aggregation_rewards", aggregation_rewards, 2)
-    if np.ndim(sets) != 2 or len(sets) != rewards_K_N2.shape[0]:
-        raise ValueError(f"aggregation_rewards must have one row per set: sets has shape "
-                         f"{np.shape(sets)}, aggregation_rewards has shape {rewards_K_N2.shape}")
+    rewards_K_N2 = _floats("rewards_K_N2", rewards_K_N2, 2)
+    if np.ndim(sets_K_n) != 2 or len(sets_K_n) != rewards_K_N2.shape[0]:
+        raise ValueError(f"rewards_K_N2 must have one row per set: sets_K_n has shape {np.shape(sets_K_n)}, "
+                         f"rewards_K_N2 has shape {rewards_K_N2.shape} (an (N2, K) array transposed?)")
     scores_K = rewards_K_N2.mean(axis=1)  # f_hat_spiral(x, G_l), (K,)
-    adv_N1 = marginal_set_advantages(sets, set_advantages(scores_K), num_traces)  # (N1,)
+    adv_N1 = marginal_set_advantages(sets_K_n, set_advantages(scores_K), N1)  # (N1,)
     return adv_N1, aggregation_advantages(rewards_K_N2)
 
 
@@ -288,7 +291,7 @@ def flat_spiral_advantages(prompt_ids, is_search, trace_index, set_index, set_me
         # Row order within a set is arbitrary; ordering by reward makes every float sum the same for any order.
         grid_K_N2 = np.stack([rows_l[np.argsort(rewards_R[rows_l], kind="stable")] for rows_l in rows_K])  # rows
         try:
-            adv_N1, adv_K_N2 = spiral_advantages(sets_K_n, rewards_R[grid_K_N2], N1)
+            adv_N1, adv_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2=rewards_R[grid_K_N2], N1=N1)
         except ValueError as exc:
             raise ValueError(f"prompt {pid}: {exc}") from None
         adv_R[search] = adv_N1[j_S]

@@ -178,7 +178,7 @@ def evaluate_policy(problems, sampler: Sampler, cfg, reward_fn=None) -> list[dic
                                     for L in cfg.max_tokens_list}
         records.append(record)
     if "rsa" in cfg.methods:
-        aggregate = lambda t, prompts_R: sampler.aggregate(t, prompts_R, cfg.max_new_tokens)  # noqa: E731
+        aggregate = lambda t, prompts_run: sampler.aggregate(t, prompts_run, cfg.max_new_tokens)  # noqa: E731
         pool = pools[cfg.max_new_tokens]
         for record, (rsa, sets) in zip(records, run_rsa(problems, pool, aggregate, cfg, reward_fn)):
             record["rsa"] = rsa
@@ -188,7 +188,7 @@ def evaluate_policy(problems, sampler: Sampler, cfg, reward_fn=None) -> list[dic
 
 def run_rsa(problems, pool: list[list[Trace]], aggregate, cfg, reward_fn=None) -> list[tuple[dict, dict]]:
     """RSA at every population P of cfg, all problems in lockstep: step 1 is the first P traces of pool[i] (problem
-    i's search traces), steps >= 2 come from aggregate(t, prompts_R). Per problem: ({P: graded steps 1..T},
+    i's search traces), steps >= 2 come from aggregate(t, prompts_run). Per problem: ({P: graded steps 1..T},
     {P: SetCounts of steps 2..T, each over the sets of step t and the population of step t-1, as dicts})."""
     texts = [p.problem for p in problems]
     runs = [(text, P) for P in cfg.rsa_populations for text in texts]  # every P and problem in one stage
@@ -199,7 +199,7 @@ def run_rsa(problems, pool: list[list[Trace]], aggregate, cfg, reward_fn=None) -
         steps = []
         for step in history:
             graded = _graded(step.traces, problems[r % len(texts)], reward_fn)
-            steps.append({"step": step.step, "sets": step.sets_P_k,
+            steps.append({"step": step.step, "sets": step.sets_pop_k,
                           "pass_at_1": float(np.mean([g["correct"] for g in graded])),
                           "tokens": sum(g["tokens"] for g in graded),
                           "prompt_tokens": sum(t.prompt_tokens for t in step.traces), "samples": graded})
@@ -218,8 +218,8 @@ def cross_aggregate(problems, searcher: Sampler, aggregator: Sampler, cfg, rewar
     cached under keys naming A too (tracecache.Sampler.aggregate). A pair (A, A) is A's own RSA, read from the cache.
     Per problem: {id, rsa: {P: graded steps 1..T}, sets: {rsa: {P: SetCounts of steps 2..T}}}."""
     pool = searcher.search([p.problem for p in problems], max(cfg.rsa_populations), cfg.max_new_tokens)
-    aggregate = lambda t, prompts_R: aggregator.aggregate(  # noqa: E731
-        t, prompts_R, cfg.max_new_tokens, search_identity=searcher.identity)
+    aggregate = lambda t, prompts_run: aggregator.aggregate(  # noqa: E731
+        t, prompts_run, cfg.max_new_tokens, search_identity=searcher.identity)
     return [{"id": p.id, "rsa": rsa, "sets": {"rsa": sets}}
             for p, (rsa, sets) in zip(problems, run_rsa(problems, pool, aggregate, cfg, reward_fn))]
 

@@ -72,11 +72,11 @@ def probe_aggregators(problems, pools: dict[str, list[list]], samplers: dict, gr
         out[label] = {}
         for kind in PROBE_KINDS:
             chosen = [i for i, sets in enumerate(sets_P) if kind in sets]
-            prompts_R = [[rollout.aggregation_prompt(problems[i].problem, [texts_P[i][j] for j in sets_P[i][kind]])]
+            prompts_P = [[rollout.aggregation_prompt(problems[i].problem, [texts_P[i][j] for j in sets_P[i][kind]])]
                          * samples for i in chosen]
-            traces_R = sampler.aggregate(0, prompts_R, max_new_tokens, stage=f"probe-{kind}") if chosen else []
+            traces_P = sampler.aggregate(0, prompts_P, max_new_tokens, stage=f"probe-{kind}") if chosen else []
             right, copied = [], []
-            for i, traces in zip(chosen, traces_R):
+            for i, traces in zip(chosen, traces_P):
                 graded = grade(traces, problems[i])
                 right += [g["correct"] for g in graded]
                 if kind == "wrong copies":

@@ -189,7 +189,7 @@ def collect_spiral(
                 # Line 8's rewards r(x, y^{G_l}_i): the only rewards that train anything.
                 rewards_K_N2 = np.array([grade(x, c.text) for c in aggregation_KN2]).reshape(K, N2)
                 # Lines 8-13 (set scores, baseline, set and marginal advantages) and line 15's advantage.
-                set_adv_N1, aggregation_adv_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2, N1)
+                set_adv_N1, aggregation_adv_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=N1)
                 scores_K = rewards_K_N2.mean(axis=1)  # f_hat(x, G_l), for the metrics
             else:  # the perfect selector's line 8; lines 10-13 as SPIRAL's; nothing to sample or train at line 7
                 aggregation_KN2, rewards_K_N2, aggregation_adv_K_N2 = [], np.zeros((K, 0)), np.zeros((K, 0))

@@ -108,15 +108,15 @@ def majority_at_k(answers, correct, ks, *, rng, equivalent=None, num_subsets=32)
         if not 1 <= k <= n:
             raise ValueError(f"need 1 <= k <= number of samples, got k={k}, samples={n}")
         if math.comb(n, k) <= num_subsets:
-            subsets_S_k = list(itertools.combinations(range(n), k))
+            k_subsets = list(itertools.combinations(range(n), k))
         else:
-            subsets_S_k = [rng.choice(n, size=k, replace=False) for _ in range(num_subsets)]
+            k_subsets = [rng.choice(n, size=k, replace=False) for _ in range(num_subsets)]
         hits = ties = 0
-        for subset in subsets_S_k:
+        for subset in k_subsets:
             winner, tied = majority_vote([group_ids[i] for i in subset], rng)
             hits += winner is not None and group_correct[winner]
             ties += tied
-        results[k] = {"accuracy": hits / len(subsets_S_k), "votes": len(subsets_S_k), "ties": ties}
+        results[k] = {"accuracy": hits / len(k_subsets), "votes": len(k_subsets), "ties": ties}
     return results
 
 
@@ -126,7 +126,7 @@ def majority_at_k(answers, correct, ks, *, rng, equivalent=None, num_subsets=32)
 
 def draw_rsa_sets(population: int, set_size: int, rng: np.random.Generator) -> np.ndarray:
     """RSA's subsampling (note 3): row j lists the k distinct members of the previous population that new
-    member j aggregates. Rows are drawn independently. Returns int array sets_P_k of shape (P, k)."""
+    member j aggregates. Rows are drawn independently. Returns int array sets_pop_k of shape (P, k)."""
     if not 1 <= set_size <= population:
         raise ValueError(f"need 1 <= set_size <= population, got set_size={set_size}, population={population}")
     return np.stack([rng.choice(population, size=set_size, replace=False) for _ in range(population)])
@@ -135,7 +135,7 @@ def draw_rsa_sets(population: int, set_size: int, rng: np.random.Generator) -> n
 @dataclass
 class RSAStep:
     step: int  # 1 = independent search traces
-    sets_P_k: list[list[int]] | None  # row j: indices into step t-1's population that trace j aggregated
+    sets_pop_k: list[list[int]] | None  # row j: indices into step t-1's population that trace j aggregated
     traces: list  # the P members of this step's population (anything with a .text)
 
 
@@ -146,14 +146,14 @@ def rsa_by_definition(problem: str, *, population: int, set_size: int, steps: in
     Aggregation Trace Prompt holding the problem and those k traces. sample_search() draws one search trace,
     sample_aggregation(prompt) one aggregation trace. The reference that recursive_self_aggregation (every problem
     and population in lockstep, one batched call per step) is tested equal to."""
-    members_P = [sample_search() for _ in range(population)]  # step 1: y_1..y_P ~ pi(. | x)
-    history = [RSAStep(1, None, members_P)]
+    members_pop = [sample_search() for _ in range(population)]  # step 1: y_1..y_P ~ pi(. | x)
+    history = [RSAStep(1, None, members_pop)]
     for t in range(2, steps + 1):
         rng = np.random.default_rng(derive_seed("rsa-sets", seed, problem, population, set_size, t))
-        sets_P_k = draw_rsa_sets(population, set_size, rng)  # member j aggregates step t-1's members sets_P_k[j]
-        members_P = [sample_aggregation(aggregation_prompt(problem, [members_P[i].text for i in G_j]))
-                     for G_j in sets_P_k]
-        history.append(RSAStep(t, sets_P_k.tolist(), members_P))
+        sets_pop_k = draw_rsa_sets(population, set_size, rng)  # member j aggregates step t-1's sets_pop_k[j]
+        members_pop = [sample_aggregation(aggregation_prompt(problem, [members_pop[i].text for i in G_j]))
+                       for G_j in sets_pop_k]
+        history.append(RSAStep(t, sets_pop_k.tolist(), members_pop))
     return history
 
 
@@ -163,19 +163,19 @@ def recursive_self_aggregation(runs: list[tuple[str, int]], *, set_size: int, st
     rsa_by_definition does for one problem, with each step of every run in one aggregate call.
 
     runs[r] = (problem, population P). Step 1: search(r) gives run r's P independent search traces. Step t > 1:
-    one call aggregate(t, prompts_R) for every run at once (prompts_R[r]: run r's P Aggregation Trace Prompts,
+    one call aggregate(t, prompts_run) for every run at once (prompts_run[r]: run r's P Aggregation Trace Prompts,
     each over k members of step t-1) returns P new traces per run. Set draws are seeded per (problem, P, k, t):
     a longer run repeats a shorter one's steps exactly. Returns each run's history, steps 1..T.
     """
     histories = [[RSAStep(1, None, search(r))] for r in range(len(runs))]
     for t in range(2, steps + 1):
-        sets_R = [draw_rsa_sets(P, set_size, np.random.default_rng(derive_seed("rsa-sets", seed, problem, P,
-                                                                              set_size, t)))
-                  for problem, P in runs]
-        prompts_R = [[aggregation_prompt(problem, [history[-1].traces[i].text for i in row]) for row in sets_P_k]
-                     for (problem, _), sets_P_k, history in zip(runs, sets_R, histories)]
-        for history, sets_P_k, traces in zip(histories, sets_R, aggregate(t, prompts_R)):
-            history.append(RSAStep(t, sets_P_k.tolist(), traces))
+        sets_run = [draw_rsa_sets(P, set_size, np.random.default_rng(derive_seed("rsa-sets", seed, problem, P,
+                                                                                set_size, t)))
+                    for problem, P in runs]  # run r's sets_pop_k
+        prompts_run = [[aggregation_prompt(problem, [history[-1].traces[i].text for i in row]) for row in sets_pop_k]
+                       for (problem, _), sets_pop_k, history in zip(runs, sets_run, histories)]
+        for history, sets_pop_k, traces in zip(histories, sets_run, aggregate(t, prompts_run)):
+            history.append(RSAStep(t, sets_pop_k.tolist(), traces))
     return histories
 
 
@@ -214,45 +214,48 @@ class SetCounts:
                            for a, b in zip(vars(self).values(), vars(other).values())))
 
 
-def count_sets(member_correct_P: list[bool], member_group_P: list[int | None], sets_S_n, output_correct_S) -> SetCounts:
-    """SetCounts of S sets over one population of P graded candidates: set s holds the members sets_S_n[s] and was
-    aggregated into a trace of reward output_correct_S[s] (RSA step t: the population of step t-1, the sets and the
-    traces of step t). Candidate groups are note 2's (-1 or None: no answer)."""
-    sets_S_n = np.asarray(sets_S_n, dtype=int).reshape(len(output_correct_S), -1)  # (S, n)
-    n = sets_S_n.shape[1]
-    correct_S_n = np.asarray(member_correct_P, dtype=bool)[sets_S_n]  # (S, n)
-    groups_P = np.array([-1 if g is None else g for g in member_group_P], dtype=int)  # (P,)
-    hit_S = np.asarray(output_correct_S, dtype=bool)  # (S,)
-    c_S = correct_S_n.sum(1)  # (S,)
-    # votes_S_G[s, g]: members of set s in answer group g; right_S_G: whether one of them is correct
-    member_G_S_n = groups_P[sets_S_n][None] == np.arange(groups_P.max() + 1)[:, None, None]  # (G, S, n)
-    votes_S_G = member_G_S_n.sum(2).T  # (S, G)
-    right_S_G = (member_G_S_n & correct_S_n[None]).any(2).T  # (S, G)
-    leader_S_G = (votes_S_G == votes_S_G.max(1, initial=0)[:, None]) & (votes_S_G > 0)  # (S, G)
-    against_S = (c_S > 0) & ~(leader_S_G & right_S_G).any(1)  # (S,)
-    return SetCounts(sets_by_c=np.bincount(c_S, minlength=n + 1).tolist(),
-                     hits_by_c=np.bincount(c_S[hit_S], minlength=n + 1).tolist(),
-                     distinct=int((votes_S_G > 0).sum()), against_plurality=int(against_S.sum()),
-                     against_plurality_hits=int((against_S & hit_S).sum()))
+def count_sets(member_correct_pop: list[bool], member_group_pop: list[int | None], sets_K_n,
+               output_correct_K) -> SetCounts:
+    """SetCounts of K sets of n candidates over one population of P graded ones: set l holds the members
+    sets_K_n[l] and was aggregated into a trace of reward output_correct_K[l] (RSA step t: the population of step
+    t-1, the sets and the traces of step t). Candidate groups are note 2's (-1 or None: no answer)."""
+    sets_K_n = np.asarray(sets_K_n, dtype=int).reshape(len(output_correct_K), -1)  # (K, n)
+    n = sets_K_n.shape[1]
+    correct_K_n = np.asarray(member_correct_pop, dtype=bool)[sets_K_n]  # (K, n)
+    groups_pop = np.array([-1 if g is None else g for g in member_group_pop], dtype=int)  # (P,)
+    hit_K = np.asarray(output_correct_K, dtype=bool)  # (K,)
+    c_K = correct_K_n.sum(1)  # (K,)
+    # votes_K_ans[l, a]: members of set l in answer group a; right_K_ans: whether one of them is correct
+    member_ans_K_n = groups_pop[sets_K_n][None] == np.arange(groups_pop.max() + 1)[:, None, None]  # (ans, K, n)
+    votes_K_ans = member_ans_K_n.sum(2).T  # (K, ans)
+    right_K_ans = (member_ans_K_n & correct_K_n[None]).any(2).T  # (K, ans)
+    leader_K_ans = (votes_K_ans == votes_K_ans.max(1, initial=0)[:, None]) & (votes_K_ans > 0)  # (K, ans)
+    against_K = (c_K > 0) & ~(leader_K_ans & right_K_ans).any(1)  # (K,)
+    return SetCounts(sets_by_c=np.bincount(c_K, minlength=n + 1).tolist(),
+                     hits_by_c=np.bincount(c_K[hit_K], minlength=n + 1).tolist(),
+                     distinct=int((votes_K_ans > 0).sum()), against_plurality=int(against_K.sum()),
+                     against_plurality_hits=int((against_K & hit_K).sum()))
 
 
 def set_measures(counts: SetCounts) -> dict:
     """Rates of SetCounts (None where no set qualified): coverage (sets with a correct candidate / sets), distinct
     answers per set, the aggregator's accuracy per c and for recovery (c = 0), a correct minority (0 < 2c < n),
     against the plurality, and no regression (c = n)."""
-    sets_C, hits_C = np.array(counts.sets_by_c), np.array(counts.hits_by_c)  # (n + 1,)
-    n, total = len(sets_C) - 1, int(sets_C.sum())
+    sets_by_c, hits_by_c = np.array(counts.sets_by_c), np.array(counts.hits_by_c)  # (n + 1,): c = 0..n
+    n, total = len(sets_by_c) - 1, int(sets_by_c.sum())
 
     def rate(hits, sets):
         return float(hits / sets) if sets else None
 
     minority = slice(1, (n + 1) // 2)  # 0 < c < n / 2
-    return {"sets": total, "coverage": rate(total - sets_C[0], total), "distinct_answers": rate(counts.distinct, total),
+    return {"sets": total, "coverage": rate(total - sets_by_c[0], total),
+            "distinct_answers": rate(counts.distinct, total),
             "sets_by_correct": counts.sets_by_c, "hits_by_correct": counts.hits_by_c,
-            "accuracy_by_correct": [rate(h, s) for h, s in zip(hits_C, sets_C)],
-            "recovery": rate(hits_C[0], sets_C[0]), "minority": rate(hits_C[minority].sum(), sets_C[minority].sum()),
+            "accuracy_by_correct": [rate(h, s) for h, s in zip(hits_by_c, sets_by_c)],
+            "recovery": rate(hits_by_c[0], sets_by_c[0]),
+            "minority": rate(hits_by_c[minority].sum(), sets_by_c[minority].sum()),
             "against_plurality": rate(counts.against_plurality_hits, counts.against_plurality),
-            "against_plurality_sets": counts.against_plurality, "no_regression": rate(hits_C[n], sets_C[n])}
+            "against_plurality_sets": counts.against_plurality, "no_regression": rate(hits_by_c[n], sets_by_c[n])}
 
 
 if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs

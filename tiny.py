@@ -133,7 +133,7 @@ def load_tiny_policy(device: str = "cpu"):
 
 def tiny_trace(problem: str, answer: str) -> str:
     """A trace of the tiny task, "3 + 5 = \\boxed{8}": restating the digits right before the answer lets a 4-layer
-    model learn the sum much faster than from the prompt alone (README, the CPU demo)."""
+    model learn the sum much faster than from the prompt alone (EXPERIMENTS.md, "The warm start")."""
     a, b = re.findall(r"\d+", problem)
     return f"{a} + {b} = \\boxed{{{answer}}}"
 

@@ -5,8 +5,9 @@ independent parts (3+4, 5+1, 2+6). The warm start imitates a noisy solver that g
 probability p_digit and otherwise writes a uniformly random other digit, independently per digit and per trace:
 one trace is right only if all three parts are (p_digit^3), while 4 traces usually hold every part somewhere and
 agree on it more often than on any wrong digit. Its aggregator combines candidates digit by digit (the plurality
-digit of each position), so a set is worth more than any of its members before RL starts. The README's second-task
-section has the measured figures and the SPIRAL against GRPO comparison (benchmarks/second_task.py).
+digit of each position), so a set is worth more than any of its members before RL starts. EXPERIMENTS.md, "A second
+CPU task where a set knows more than a trace", has the measured figures and the SPIRAL against GRPO comparison
+(benchmarks/second_task.py).
 
 Same world as tiny.py (tokenizer, 0.9M-parameter Qwen3, the paper's prompts and reward) but every digit is its own
 token, so a part is a token. Problems: PROBLEMS_FILE (1,000 training problems, written by `write_problems`) and
@@ -335,7 +336,7 @@ def search_credit(model, tokenizer, problems: list[Problem], *, seed: int = 0, m
         right_P_N1.append([sum(len(a) == len(p.answer) and a[d] == g for d, g in enumerate(p.answer)) for a in answers])
         rewards_K_N2 = np.array([[reward(c.text, p.answer) for c in row]
                                  for row in aggregation[i * num_sets:(i + 1) * num_sets]])
-        adv["set"].append(spiral_advantages(sets_P_K_n[i], rewards_K_N2, num_search)[0])
+        adv["set"].append(spiral_advantages(sets_P_K_n[i], rewards_K_N2=rewards_K_N2, N1=num_search)[0])
         adv["own"].append(group_advantages([reward(c.text, p.answer) for c in search]))
     out = _credit(np.array(right_P_N1), adv, len(problems[0].answer))
     out["search_length"] = float(np.mean([len(c.completion_ids) for row in search_P_N1 for c in row]))
@@ -377,7 +378,7 @@ def noisy_solver_credit(digits: int, p_digit: float, problems: int = 2000, seed:
         sets_K_n = sample_sets(num_search, set_size, num_sets, rng=rng)
         chance_K = np.array([_plurality_right([answers[j] for j in G], gold) for G in sets_K_n])
         rewards_K_N2 = (rng.random((num_sets, num_aggregations)) < chance_K[:, None]).astype(float)
-        adv["set"].append(spiral_advantages(sets_K_n, rewards_K_N2, num_search)[0])
+        adv["set"].append(spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=num_search)[0])
         adv["own"].append(group_advantages([float(a == gold) for a in answers]))
     return _credit(np.array(right_P_N1), adv, digits)
 

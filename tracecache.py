@@ -160,7 +160,7 @@ class Sampler:
         with self.search_adapter():
             return self._fill(jobs, max_new_tokens, f"search L={max_new_tokens}")
 
-    def aggregate(self, step: int, prompts_R: list[list[str]], max_new_tokens: int,
+    def aggregate(self, step: int, prompts_run: list[list[str]], max_new_tokens: int,
                   search_identity: dict | None = None, stage: str | None = None) -> list[list[Trace]]:
         """One trace per Aggregation Trace Prompt, for every RSA run of one step; the key hashes the prompts.
         `stage` names other aggregation draws in the key and the progress line (instruments.py's probe).
@@ -173,7 +173,7 @@ class Sampler:
             "search": {k: v for k, v in search_identity.items() if k != "model"}, "search_model":
             search_identity["model"]}
         jobs = [({**self.identity, **crossed, "stage": stage or f"rsa-step{step}", "prompts": digest(prompts),
-                  "max_new_tokens": max_new_tokens}, prompts) for prompts in prompts_R]
+                  "max_new_tokens": max_new_tokens}, prompts) for prompts in prompts_run]
         with self.aggregation_adapter():
             return self._fill(jobs, max_new_tokens, stage or f"RSA step {step}")
 

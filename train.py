@@ -282,15 +282,15 @@ def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature:
                                                  temperature, chunk_size, backends):
                 logprobs_T, entropy_T = forward()  # (T,), (T,) sample after sample, in the order of `micro`
                 sampler_T = torch.tensor([lp for s in micro for lp in s.sampler_logprobs], device=device)  # (T,)
-                lengths_b = torch.tensor([len(s.completion_ids) for s in micro], device=device)  # (b,)
-                adv_b = torch.tensor([s.advantage for s in micro], device=device, dtype=torch.float32)  # (b,)
-                adv_T = torch.repeat_interleave(adv_b, lengths_b)  # (T,): every token carries its sample's A
+                lengths_B = torch.tensor([len(s.completion_ids) for s in micro], device=device)  # (B,)
+                adv_B = torch.tensor([s.advantage for s in micro], device=device, dtype=torch.float32)  # (B,)
+                adv_T = torch.repeat_interleave(adv_B, lengths_B)  # (T,): every token carries its sample's A
                 loss, ratio_T = importance_sampling_loss(logprobs_T, sampler_T, adv_T, loss_normalizer)
                 loss.backward()
                 loss_sum += loss.item()
                 ratios.append(ratio_T.detach())
                 tokens += sum(len(s.prompt_ids) + len(s.completion_ids) for s in micro)  # the samples' own tokens
-                for s, ent in zip(micro, torch.split(entropy_T, lengths_b.tolist())):
+                for s, ent in zip(micro, torch.split(entropy_T, lengths_B.tolist())):
                     entropy_by_role.setdefault(s.role, []).append(ent)
 
     return loss_metrics(loss_sum, len(trained), tokens, ratios, entropy_by_role)

@@ -374,7 +374,7 @@ def _construct(values: dict):
 
 
 def trl_defaults(cfg: train.TrainConfig) -> dict:
-    """SPIRAL's defaults for TRL's settings: train.py's values (TRL's own in brackets in PORTING.md, section 5)."""
+    """SPIRAL's defaults for TRL's settings: train.py's values (TRL's own in brackets in PORTING.md, "The loss")."""
     defaults = {TRL_NAMES[name]: getattr(cfg, name) for name in TRL_NAMES}
     return defaults | {"output_dir": os.path.join("runs", f"{cfg.preset}-trl"), "lr_scheduler_type": "constant",
                        "warmup_steps": 0, "optim": "adamw_torch", "use_cpu": cfg.device == "cpu", "disable_tqdm": True,

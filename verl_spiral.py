@@ -1,6 +1,6 @@
 """SPIRAL's advantages in verl 0.9.1's v1 trainer: the module recipe/spiral/ names (checked against verl 0.9.1).
 
-Algorithm 1, lines 8-15 on a verl batch: every row (one trace) carries the row contract of PORTING.md, section 2,
+Algorithm 1, lines 8-15 on a verl batch: each row (one trace) carries the fields of PORTING.md, "The row contract",
 which the SPIRAL agent loop writes into each output's `extra_fields` (`spiral_extra_fields`); `compute_spiral_advantage`
 turns a DataProto of such rows into batch["advantages"] = batch["returns"] (B, T): A#_marg(x, y_j) on search rows,
 r - (the set's mean reward) on aggregation rows, on response tokens, 0 on padding (advantages.flat_spiral_advantages).
@@ -39,7 +39,7 @@ class SpiralConfigError(ValueError):
 
 def spiral_extra_fields(*, is_search: bool, set_size: int, trace_index: int = -1, set_index: int = -1,
                         set_members=None, reward: float | None = None) -> dict:
-    """One output's SPIRAL metadata, for AgentLoopOutput.extra_fields (the row contract, PORTING.md section 2).
+    """One output's SPIRAL metadata, for AgentLoopOutput.extra_fields (PORTING.md, "The row contract").
 
     Search trace y_j: is_search, trace_index j, no reward. Aggregation trace of set G_l: set_index l, set_members
     = the indices j of G_l's search traces (Algorithm 1, line 5), reward r(x, y). Fields that do not apply hold -1

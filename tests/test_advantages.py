@@ -92,7 +92,7 @@ def test_against_slow_loops(problem):
     assert np.array_equal(adv_K_N2 == 0, np.array([slow_centre(list(r)) for r in rewards_K_N2]) == 0)
     assert np.allclose(adv_K_N2, [slow_centre(list(r)) for r in rewards_K_N2], rtol=0, atol=1e-12)
 
-    search, aggregation = spiral_advantages(sets_K_n, rewards_K_N2, N1)
+    search, aggregation = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=N1)
     assert np.allclose(search, adv_N1, rtol=0, atol=1e-12)
     assert np.array_equal(aggregation, adv_K_N2)
 
@@ -137,7 +137,7 @@ def test_spiral_advantages_paper_sizes_by_hand():
     """N1=8, n=4, K=4, N2=4. Set scores [1, 0, .5, .5], so A# = [.5, -.5, 0, 0]; trace 7 is in no set."""
     sets_K_n = [[0, 1, 2, 3], [0, 4, 5, 6], [1, 2, 4, 5], [2, 3, 5, 6]]
     rewards_K_N2 = [[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0]]
-    search, aggregation = spiral_advantages(sets_K_n, rewards_K_N2, 8)
+    search, aggregation = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=8)
     np.testing.assert_allclose(search, [0, 1 / 4, 1 / 6, 1 / 4, -1 / 4, -1 / 6, -1 / 4, 0], atol=1e-15)
     np.testing.assert_array_equal(aggregation, [[0, 0, 0, 0], [0, 0, 0, 0],
                                                 [0.5, 0.5, -0.5, -0.5], [0.5, -0.5, 0.5, -0.5]])
@@ -168,7 +168,7 @@ def test_a_trace_in_every_set_gets_exactly_zero():
     adv_N1 = marginal_set_advantages(sets_K_n, adv_K, 5)
     assert adv_N1[0] == 0.0 and adv_N1[4] == 0.0  # in every set; in none
     assert adv_N1[1] == pytest.approx((adv_K[0] + adv_K[1]) / 2)
-    search_N1, _ = spiral_advantages(sets_K_n, [[0, 0, 1, 0], [1, 0, 1, 0], [1, 1, 1, 1]], 5)
+    search_N1, _ = spiral_advantages(sets_K_n, rewards_K_N2=[[0, 0, 1, 0], [1, 0, 1, 0], [1, 1, 1, 1]], N1=5)
     assert search_N1[0] == 0.0
 
 
@@ -190,8 +190,9 @@ def test_marginal_uncovered_trace_gets_zero_and_lists_work():
     (lambda: set_advantages([[1.0, 2.0]]), r"set_scores must have 1 dimension\(s\), got shape \(1, 2\)"),
     (lambda: set_advantages([]), r"set_scores needs at least one value per group, got shape \(0,\)"),
     (lambda: aggregation_advantages([1.0, 0.0]), r"rewards must have 2 dimension\(s\), got shape \(2,\)"),
-    (lambda: spiral_advantages([[0, 1]], [[1.0], [0.0]], 3), r"one row per set.*\(1, 2\).*\(2, 1\)"),
-    (lambda: spiral_advantages([[0, 1]], [[np.inf]], 3), r"aggregation_rewards must be finite"),
+    (lambda: spiral_advantages([[0, 1]], rewards_K_N2=[[1.0], [0.0]], N1=3),
+     r"one row per set.*\(1, 2\).*\(2, 1\) \(an \(N2, K\) array transposed\?\)"),
+    (lambda: spiral_advantages([[0, 1]], rewards_K_N2=[[np.inf]], N1=3), r"rewards_K_N2 must be finite"),
     (lambda: group_advantages(1.0), r"at least one value per group, got shape \(\)"),
     (lambda: length_aware([1.0, 2.0], [1, 2, 3], 2),
      r"lengths must have the shape of advantages \(2,\), got \(3,\)"),
@@ -200,6 +201,34 @@ def test_marginal_uncovered_trace_gets_zero_and_lists_work():
 def test_bad_inputs(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_rewards_and_N1_must_be_named_so_the_call_says_which_axis_is_K():
+    """At K = N2 a transposed (N2, K) array has the right shape; naming the argument is the only guard, so a
+    positional call is refused. A transposed array at K != N2 is refused by its shape."""
+    sets_K_n = [[0, 1], [1, 2], [0, 2], [2, 3]]  # K = 4 sets, N2 = 4 rewards each
+    rewards_K_N2 = np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=float)
+    with pytest.raises(TypeError):
+        spiral_advantages(sets_K_n, rewards_K_N2, 4)
+    adv_N1, adv_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=4)
+    transposed_N1, _ = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2.T, N1=4)
+    assert not np.allclose(adv_N1, transposed_N1)  # the mistake the names guard against changes the result
+    with pytest.raises(ValueError, match=r"\(an \(N2, K\) array transposed\?\)"):
+        spiral_advantages(sets_K_n[:3], rewards_K_N2=rewards_K_N2[:3].T, N1=4)  # K = 3, N2 = 4
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, bool])
+def test_outputs_are_float64_whatever_the_inputs_dtype(dtype):
+    """The documented contract (PORTING.md casts at the loss): float64 out, for any input dtype, with values
+    equal to those of float64 inputs."""
+    sets_K_n = np.array([[0, 1], [1, 2]], dtype=np.int32)
+    rewards_K_N2 = np.array([[1, 0, 1], [0, 0, 1]], dtype=dtype)
+    exact_N1, exact_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2.astype(float), N1=3)
+    outputs = [*spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=3), aggregation_advantages(rewards_K_N2),
+               set_advantages(rewards_K_N2[:, 0]), group_advantages(rewards_K_N2, normalize_std=True),
+               marginal_set_advantages(sets_K_n, rewards_K_N2[:, 0], 3), length_aware(rewards_K_N2, [[1] * 3] * 2, 0)]
+    assert [out.dtype for out in outputs] == [np.float64] * len(outputs)
+    assert np.array_equal(outputs[0], exact_N1) and np.array_equal(outputs[1], exact_K_N2)
 
 
 @pytest.mark.parametrize("filename", ["setsample.py", "advantages.py"])

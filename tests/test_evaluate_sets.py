@@ -24,7 +24,7 @@ from testtime import SetCounts
 # Pure functions
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.lists(st.sampled_from([0, 1, 2, 3, None]), min_size=1, max_size=9), st.data())
 def test_expected_distinct_answers_is_the_mean_over_all_k_subsets(groups, data):
     k = data.draw(st.integers(1, len(groups)))
@@ -75,7 +75,7 @@ def slow_count_sets(correct, groups, sets, outputs):
     return SetCounts(by_c, hits, distinct, against, against_hits)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(st.data())
 def test_count_sets_equals_a_plain_loop_over_the_sets(data):
     P = data.draw(st.integers(1, 8))
@@ -126,9 +126,9 @@ class ScriptedSampler:
         return [[evaluate.Trace(f"\\boxed{{{self.gold[p] if j < self.right[p] else 90 + j % 2}}}", 3, 5, False)
                  for j in range(count)] for p in problems]
 
-    def aggregate(self, step, prompts_R, max_new_tokens):
+    def aggregate(self, step, prompts_run, max_new_tokens):
         out = []
-        for prompts in prompts_R:
+        for prompts in prompts_run:
             gold = str(2 * int(re.search(r"What is (\d+)", prompts[0]).group(1)))
             out.append([evaluate.Trace(f"\\boxed{{{gold if zlib.crc32(p.encode()) % 2 == 0 else 'no'}}}", 2 + step,
                                        9, False) for p in prompts])

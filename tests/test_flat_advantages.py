@@ -81,9 +81,9 @@ def test_flat_equals_the_per_prompt_function_on_shuffled_rows(batch):
         # Exact, against the per-prompt function given each set's rewards in order of reward (what the flat
         # function does, so that float sums do not depend on row order).
         sorted_K_N2 = np.sort(rewards_K_N2, axis=1)
-        search_N1, agg_K_N2 = spiral_advantages(sets_K_n, sorted_K_N2, N1)
+        search_N1, agg_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2=sorted_K_N2, N1=N1)
         # And to 1e-12, with the same exact zeros for 0/1 rewards, against the natural call.
-        plain_N1, plain_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2, N1)
+        plain_N1, plain_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=N1)
         for row, w in enumerate(which):
             if w[0] != pid:
                 continue

@@ -38,9 +38,9 @@ class StandIn:
     def __init__(self, rule):
         self.rule, self.calls = rule, []
 
-    def aggregate(self, step, prompts_R, max_new_tokens, stage=None):
+    def aggregate(self, step, prompts_run, max_new_tokens, stage=None):
         self.calls.append(stage)
-        return [[Trace(self.rule(p), 1, 1, False) for p in prompts] for prompts in prompts_R]
+        return [[Trace(self.rule(p), 1, 1, False) for p in prompts] for prompts in prompts_run]
 
 
 def candidates(prompt):

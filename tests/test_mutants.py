@@ -285,9 +285,9 @@ class _ScriptedSampler:
         return [[evaluate.Trace(f"\\boxed{{{self.answers[p] if j < self.right[p] else 'no'}}}", 3, 5, False)
                  for j in range(count)] for p in problems]
 
-    def aggregate(self, step, prompts_R, max_new_tokens):
+    def aggregate(self, step, prompts_run, max_new_tokens):
         out = []
-        for prompts in prompts_R:
+        for prompts in prompts_run:
             answer = re.search(r"What is (\d+)", prompts[0]).group(1)
             gold = str(2 * int(answer))
             row = [evaluate.Trace(f"\\boxed{{{gold if zlib.crc32(p.encode()) % 2 == 0 else 'no'}}}", 2, 9, False)

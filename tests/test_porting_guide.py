@@ -10,8 +10,11 @@ import importlib.util
 import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
+import torch
 
 import advantages
 import logprobs
@@ -60,12 +63,34 @@ def test_the_blocks_run_in_order(tiny_run, one_thread):
     for number, code in enumerate(runnable):
         exec(compile(code, f"PORTING.md runnable block {number}", "exec"), namespace)
     assert namespace["adv_BT"].shape == (2 * (4 + 2 * 2), 6)
+    assert namespace["adv_S"].shape == (8 + 4 * 4,) and namespace["adv_S"].dtype == torch.float32  # one prompt
     assert namespace["adv_BT"].abs().max() > 0  # the example has signal
     for name in ENGINES:  # in CI's engines environments, every block needing what they installed ran
         assert importlib.util.find_spec(name) is not None, f"SPIRAL_ENGINES names {name}, which is not installed"
         assert any(code.startswith(f"# needs {name}\n") for code in runnable)
     if "verl" in ENGINES:
         assert namespace["data"].batch["advantages"].abs().max() > 0  # verl's DataProto, section 4
+
+
+STANDALONE = ["setsample.py", "prompts.py", "advantages.py"]  # "copy this file into another trainer as it is"
+
+
+def test_what_to_copy_lists_the_standalone_files_and_the_guide_cites_the_prompts_where_they_live():
+    table = GUIDE[GUIDE.index("## 1. What to copy"):GUIDE.index("## 2. ")]
+    assert all(f"| `{name}` |" in table for name in STANDALONE)
+    assert "rollout.aggregation_prompt" not in GUIDE and "rollout.search_prompt" not in GUIDE  # re-exports
+
+
+def test_the_one_prompt_example_runs_with_only_the_three_standalone_files(tmp_path):
+    """A porter's folder: the per-prompt block, run where nothing of this repository but the copied files exists."""
+    code = next(code for _, code in BLOCKS if "from prompts import" in code and "spiral_advantages(" in code)
+    for name in STANDALONE:
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", code + "\nprint(adv_N1.tolist())"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(ast.literal_eval(done.stdout)) == 8
 
 
 def test_the_guide_pins_the_versions_it_was_checked_against():

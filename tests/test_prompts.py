@@ -105,3 +105,12 @@ def test_rollout_re_exports_the_same_functions():
 def test_running_the_module_prints_both_prompts():
     out = subprocess.run([sys.executable, "prompts.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.startswith(PAPER_SEARCH) and "Solution 2:\n{candidate_solution 2}\n\n" + PAPER_AGGREGATION_TAIL in out
+
+
+def test_running_the_module_with_an_argument_is_one_line_and_exit_2_and_help_prints_the_docstring():
+    bad = subprocess.run([sys.executable, "prompts.py", "--bogus"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.splitlines() == ["prompts.py: error: no arguments but --help; `python prompts.py` prints the two "
+                                       "prompts"]
+    helped = subprocess.run([sys.executable, "prompts.py", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert helped.returncode == 0 and helped.stdout.strip() == prompts.__doc__.strip()

@@ -204,5 +204,5 @@ def test_spiral_advantages_search_part_is_the_set_rl_estimator():
     f_table = rng.random((2, 2, 2))
     sets_K_n = sample_sets(6, 3, 5, rng=rng)
     scores_K = f_table[tuple(ys_N[sets_K_n].T)]
-    adv_N1, _ = spiral_advantages(sets_K_n, scores_K[:, None], 6)
+    adv_N1, _ = spiral_advantages(sets_K_n, rewards_K_N2=scores_K[:, None], N1=6)
     np.testing.assert_allclose(adv_N1, marginal_set_advantages(sets_K_n, set_advantages(scores_K), 6))

@@ -285,7 +285,7 @@ def test_set_is_the_default_and_exactly_the_marginal_set_advantage(world):
     assert [(s.advantage, s.reward) for s in default.samples] == [(s.advantage, s.reward) for s in explicit.samples]
     for i, name in enumerate(["p0", "p1"]):
         rewards_K_N2 = np.array([[float(j < len(set(s) & good[name])) for j in range(4)] for s in drawn_sets[i]])
-        adv_N1, adv_K_N2 = spiral_advantages(drawn_sets[i], rewards_K_N2, 8)
+        adv_N1, adv_K_N2 = spiral_advantages(drawn_sets[i], rewards_K_N2=rewards_K_N2, N1=8)
         block = default.samples[i * 24:(i + 1) * 24]
         assert [s.advantage for s in block[:8]] == adv_N1.tolist() and {s.reward for s in block[:8]} == {None}
         assert [s.advantage for s in block[8:]] == adv_K_N2.ravel().tolist()
@@ -421,7 +421,7 @@ def test_line13_instruments_recomputed_by_hand(world):
         r_N1 = np.array([float(j in good[name]) for j in range(8)])
         r_K_N2 = np.array([[float(j < len(set(s) & good[name])) for j in range(4)] for s in drawn_sets[i]])
         scores.append(r_K_N2.mean(1))
-        set_adv.append(spiral_advantages(drawn_sets[i], r_K_N2, 8)[0])
+        set_adv.append(spiral_advantages(drawn_sets[i], rewards_K_N2=r_K_N2, N1=8)[0])
         own_adv.append(r_N1 - r_N1.mean())
         rewards.append(r_N1)
     m = out.metrics

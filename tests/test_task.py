@@ -202,7 +202,7 @@ def test_collect_spiral_trains_on_the_user_s_reward_and_never_asks_the_math_grad
     for problem, sets_K_n in zip(reversed_traces, sets):
         rewards_K_N2 = np.array([[float(i < sum(j in reversed_traces[problem] for j in G)) for i in range(2)]
                                  for G in sets_K_n])
-        search_N1, aggregation_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2, 3)
+        search_N1, aggregation_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=3)
         expected += [*search_N1, *aggregation_K_N2.ravel()]
     assert np.abs(expected).max() > 0
     assert [s.advantage for s in rollouts.samples] == pytest.approx(expected, abs=0)

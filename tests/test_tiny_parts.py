@@ -264,7 +264,7 @@ def test_search_credit_compares_both_line_13s_on_the_same_rollouts(monkeypatch):
     for g in golds:
         sets = tiny_parts_sample_sets(rng)
         rewards_K_N2 = np.array([[float(0 in G and g == "11")] * 4 for G in sets])  # it writes 11: wrong for 10
-        expected["set"].append(spiral_advantages(sets, rewards_K_N2, 8)[0])
+        expected["set"].append(spiral_advantages(sets, rewards_K_N2=rewards_K_N2, N1=8)[0])
         r = np.array([float(a == g) for a in answers])
         expected["own"].append(r - r.mean())
     kbar = right_P_N1.mean()

@@ -78,7 +78,7 @@ def scripted(monkeypatch):
 def expected_advantages(sets_K_n, good, N1=3, N2=2):
     """Plain loops: aggregation trace i of set G is right iff i < (good traces in G); then spiral_advantages."""
     rewards_K_N2 = np.array([[float(i < len(set(G_l) & good)) for i in range(N2)] for G_l in sets_K_n])
-    search_N1, aggregation_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2, N1)
+    search_N1, aggregation_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=N1)
     return np.concatenate([search_N1, aggregation_K_N2.ravel()])
 
 

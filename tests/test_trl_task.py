@@ -175,7 +175,7 @@ def test_the_trainer_calls_the_user_s_trl_reward_functions_with_their_columns(ti
         good = {"first problem": {0, 2}, "second one": {1}}[problem]
         rewards_K_N2 = np.array([[2.5 if i < sum(j in good for j in G_l) else 0.0 for i in range(2)]
                                  for G_l in sets_K_n])  # reversed: 2 x 1 + 0.5; "no": 2 x 0, None skipped
-        search, aggregation = spiral_advantages(sets_K_n, rewards_K_N2, 3)
+        search, aggregation = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=3)
         expected += [*search, *aggregation.ravel()]
     assert np.abs(expected).max() > 0
     assert output["advantages"].tolist() == pytest.approx(expected)

@@ -119,7 +119,7 @@ def test_the_agent_loop_returns_algorithm_1_s_rows(tokenizer):
     assert rows[-1].reward_score == fields[-1]["spiral_reward"]
     # The advantages of these rows are spiral_advantages of the prompt's own sets and rewards.
     rewards_K_N2 = np.array([[fields[N1 + l * N2 + i]["spiral_reward"] for i in range(N2)] for l in range(K)])
-    search_N1, aggregation_K_N2 = spiral_advantages(np.array(sets_K_n), rewards_K_N2, N1)
+    search_N1, aggregation_K_N2 = spiral_advantages(np.array(sets_K_n), rewards_K_N2=rewards_K_N2, N1=N1)
     proto_adv = verl_spiral.spiral_advantages_for_verl(
         {"uid": np.array(["p"] * len(rows), dtype=object),
          **verl_spiral.columns_from_extra_fields(fields)}, torch.ones(len(rows), 1))[:, 0]
@@ -254,7 +254,7 @@ def test_a_padded_batch_through_compute_advantage_and_compute_metrics(transfer_q
         fields = [r.extra_fields for r in rows]
         rewards_K_N2 = np.array([[fields[N1 + l * N2 + i]["spiral_reward"] for i in range(N2)] for l in range(K)])
         sets_K_n = np.array([fields[N1 + l * N2]["set_members"] for l in range(K)])
-        expected = np.concatenate([a.ravel() for a in spiral_advantages(sets_K_n, rewards_K_N2, N1)])
+        expected = np.concatenate([a.ravel() for a in spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=N1)])
         real_adv.extend(expected.tolist())
         real_rewards.extend(rewards_K_N2.ravel().tolist())
         for i, value in enumerate(expected):

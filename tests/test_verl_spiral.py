@@ -27,7 +27,7 @@ def spiral_rows(seed=0, uids=("prompt-a", "prompt-b", "prompt-c")):
     for uid in uids:
         sets_K_n = sample_sets(N1, n, K, rng=rng)  # Algorithm 1, line 5
         rewards_K_N2 = rng.integers(0, 2, size=(K, N2)).astype(float)  # r(x, y) of the aggregation traces
-        search_N1, aggregation_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2, N1)
+        search_N1, aggregation_K_N2 = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=N1)
         for j in range(N1):
             rows.append((uid, verl_spiral.spiral_extra_fields(is_search=True, set_size=n, trace_index=j),
                          search_N1[j]))

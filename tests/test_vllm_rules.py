@@ -1,6 +1,6 @@
-"""Adapters saved by lora.py against vLLM's LoRA loader rules, as PORTING.md section 6 states them and with the flags
-it gives (vLLM itself is not installed here). The rules, from vLLM's sources (vllm/lora/peft_helper.py,
-lora_model.py, utils.py; vllm/config/lora.py):
+"""Adapters saved by lora.py against vLLM's LoRA loader rules, as PORTING.md, "Serving the adapters with vLLM",
+states them and with the flags it gives (vLLM itself is not installed here). The rules, from vLLM's sources
+(vllm/lora/peft_helper.py, lora_model.py, utils.py; vllm/config/lora.py):
   adapter_config.json  r, lora_alpha and target_modules present; no modules_to_save; no DoRA; bias "none";
                        r <= max_lora_rank, which is one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (default 16)
   safetensors keys     [base_model.model.]<module>.lora_A.weight / .lora_B.weight, the module's last name one that
