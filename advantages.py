@@ -10,8 +10,6 @@ so `advantage == 0` reliably means "no gradient". numpy only: copy this file int
 flat_spiral_advantages and flat_group_advantages take a trainer's flat batch of rows (PORTING.md).
 """
 
-from math import comb
-
 import numpy as np
 
 
@@ -162,9 +160,19 @@ def oracle_set_scores(sets, rewards):
     return rewards_N1[sets_K_n].max(axis=1)  # (K,)
 
 
+def _comb(n, k):
+    """C(n, k) as an exact Python int, 0 when k > n (the standard library's math.comb; this file imports numpy only)."""
+    if not 0 <= k <= n:
+        return 0
+    out = 1
+    for i in range(min(k, n - k)):
+        out = out * (n - i) // (i + 1)
+    return out
+
+
 def pass_at_k_estimate(num_traces, num_correct, k):
     """rho(N, c, k) = 1 - C(N - c, k) / C(N, k): the unbiased pass@k estimate from c right of N (Chen et al. 2021)."""
-    return 1.0 - comb(num_traces - num_correct, k) / comb(num_traces, k)
+    return 1.0 - _comb(num_traces - num_correct, k) / _comb(num_traces, k)
 
 
 def pass_at_n_advantages(rewards, set_size):
@@ -182,11 +190,11 @@ def pass_at_n_advantages(rewards, set_size):
         raise ValueError(f"set_size must be an integer in [1, {N}], got {set_size!r}")
     if n == N or np.all(rewards_N1 == rewards_N1[0]):
         return np.zeros(N)  # every set is the same, or scores the same: exactly no gradient
-    sorted_N = np.sort(rewards_N1)
-    mean_max = float(sorted_N @ np.array([comb(i, n - 1) for i in range(N)])) / comb(N, n)  # mean_G max_G r
+    sorted_N1 = np.sort(rewards_N1)
+    mean_max = float(sorted_N1 @ np.array([float(_comb(i, n - 1)) for i in range(N)])) / _comb(N, n)  # mean_G max_G r
     if n == 1:
         return rewards_N1 - mean_max
-    weights = np.array([comb(i, n - 2) for i in range(N - 1)]) / comb(N - 1, n - 1)  # (N-1,)
+    weights = np.array([float(_comb(i, n - 2)) for i in range(N - 1)]) / _comb(N - 1, n - 1)  # (N1 - 1,)
     adv_N1 = np.empty(N)
     for j in range(N):
         others = np.sort(np.delete(rewards_N1, j))  # (N-1,)

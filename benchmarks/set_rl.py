@@ -99,7 +99,8 @@ def arm_flags(arm: str, task: Task) -> list[str]:
 
 
 def run_name(arm: str, lr: float, seed: int) -> str:
-    return f"{arm}-lr{lr:g}-s{seed}"
+    """e.g. spiral-lr2e-03-s0: also evaluate.py's label for the run (letters, digits, _ and -)."""
+    return f"{arm}-lr{lr:.0e}-s{seed}"
 
 
 def make_run(arm: str, lr: float, seed: int, task: Task, steps: int | None, runs_dir: str) -> runner.Run:
@@ -218,7 +219,7 @@ def main(argv=None) -> int:
     runs_dir = args.runs_dir or os.path.join("runs", "set_rl", args.task)
     out = args.out or os.path.join(runs_dir, "set_rl")
     os.chdir(REPO)
-    writes = rf"({'|'.join(ARMS)})-lr[0-9.e-]+-s\d+(\.log)?|eval|validation\.jsonl"
+    writes = rf"({'|'.join(ARMS)})-lr\de-\d\d-s\d+(\.log)?|eval|validation\.jsonl"
     if os.path.abspath(os.path.dirname(out) or ".") == os.path.abspath(runs_dir):
         writes += rf"|{re.escape(os.path.basename(out))}\.(md|json|png)"
     why = runner.result_out_problem(out, "set_rl.py") or runner.runs_dir_problem(runs_dir, writes)
