@@ -20,6 +20,7 @@ from transformers import Qwen3Config
 import fastgen
 import lora
 import rollout
+import shared_prompt
 import spiral
 import train
 
@@ -494,6 +495,58 @@ def test_learner_rows_run_every_variant_and_count_the_group_s_flops(bench, rows,
             assert "model_seconds" not in r  # the step model describes the 4B on an H100, not the toy
     assert model.is_activation_checkpointing and lora.lora_parameters(model)[0].requires_grad
     assert capsys.readouterr().out.count("[learner ") == 8
+
+
+def test_a_learner_row_labelled_grouped_refuses_a_per_sample_measurement(bench, rows, toy, scale, monkeypatch,
+                                                                          capsys):
+    """Where the grouped learner does not apply, train.accumulate_gradients trains per sample: the grouped rows say
+    so as errors (and bench.py's exit status counts them), the per-sample rows are measured."""
+    model, tokenizer = toy
+    monkeypatch.setattr(shared_prompt, "unsupported", lambda model: "its layers are ['sliding_attention']")
+    result = rows[0].measure_learner(model, tokenizer, scale, "cpu", FLOORS, size="toy")
+    for variant in ("flash", "flash_keep", "cudnn", "cudnn_keep"):
+        assert result[f"grouped_{variant}"] == {
+            "error": "the grouped learner did not run (per-sample: its layers are ['sliding_attention'])"}
+        assert result[f"per-sample_{variant}"]["seconds"] > 0
+    assert bench.failed_measurements({"learner": result}) == [
+        f"learner grouped_{v}: the grouped learner did not run (per-sample: its layers are ['sliding_attention'])"
+        for v in ("flash", "flash_keep", "cudnn", "cudnn_keep")]
+    assert capsys.readouterr().out.count("error: the grouped learner did not run") == 4
+
+
+def test_a_failed_gpu_row_makes_bench_py_exit_1_naming_it(bench, rows, monkeypatch, tmp_path, capsys):
+    bench_gpu = rows[0]
+    monkeypatch.setitem(bench_gpu.GPU_MEASUREMENTS, "train", lambda *a, **k: {"seconds": 1.0})
+    monkeypatch.setitem(bench_gpu.GPU_MEASUREMENTS, "train_py", lambda *a, **k: {"error": "train.main exited 2"})
+    monkeypatch.setattr(bench_gpu, "print_result", lambda key, r: None)
+    out = tmp_path / "rows.json"
+    assert bench.main(["--size", "toy", "--device", "cpu", "--only", "train,train_py", "--json", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err == "bench.py: error: 1 measurement(s) failed: train_py: train.main exited 2\n"
+    assert json.loads(out.read_text())["train"] == {"seconds": 1.0}  # what was measured is kept
+    assert bench.main(["--size", "toy", "--device", "cpu", "--only", "train"]) == 0
+
+
+def test_the_train_py_step_needs_no_math_grader_and_refuses_a_per_sample_learner(bench, rows, scale, monkeypatch, capsys):
+    """The GPU machine has no math-verify unless its wheels are carried: the train.py step grades with coin flips
+    through train.py's own --reward, so neither the grader's start-up check nor the grader ever runs."""
+    import reward
+
+    def no_grader(*args, **kwargs):
+        raise AssertionError("the math grader was asked")
+
+    monkeypatch.setattr(reward, "check_grader", lambda: "No module named 'math_verify'")
+    monkeypatch.setattr(spiral, "reward", no_grader)
+    torch.manual_seed(0)
+    model, tokenizer = bench.build_policy("toy", "cpu", torch.float32)  # the row hands train.py the bare model
+    r = rows[0].measure_train_py_step(model, tokenizer, scale, "cpu", FLOORS, size="toy")
+    assert "error" not in r, r
+    assert r["samples_trained"] > 0  # coin flips: some rewards 1, some 0, so the problem is kept and trained
+    assert rows[0].coin_flip_reward(None, "a text") == rows[0].coin_flip_reward(None, "a text") in (0.0, 1.0)
+    assert {rows[0].coin_flip_reward(None, f"text {i}") for i in range(16)} == {0.0, 1.0}
+    monkeypatch.setattr(shared_prompt, "unsupported", lambda model: "its layers are ['sliding_attention']")
+    r = rows[0].measure_train_py_step(model, tokenizer, scale, "cpu", FLOORS, size="toy")  # labelled grouped
+    assert r["error"] == "the grouped learner did not run (per-sample: its layers are ['sliding_attention'])"
 
 
 def _benchmark(name):
