@@ -38,7 +38,9 @@ the one import besides torch), selected by config._attn_implementation while `sh
 layout reaches it as the decoder's attention mask (transformers 5.x passes a dict {"full_attention": mask} through
 unchanged and builds no mask of its own) and the positions as packed position_ids. Where a model does not follow
 that contract (sliding-window layers, an architecture that builds its own mask), `unsupported(model)` says why
-(a one-time numeric probe against the per-sample path) and train.py trains per sample. Prior art: Unsloth's
+(a one-time numeric probe against the per-sample path) and train.py trains per sample, saying so once and in the
+metric train/learner_fallback. On a GPU the micro-batches are planned by its free memory (`plan`, `LearnerMemory`):
+a group stays whole whenever its counted peak fits, and is split only when it must. Prior art: Unsloth's
 PrefixGrouper (GRPO), NeMo-RL's shared-prefix training, TRL's open request (huggingface/trl issue 3549).
 """
 

@@ -19,7 +19,7 @@ completion positions by a boolean mask has a data-dependent size), so it is coun
 one completion per group: the same linears and the same pairs; its padded micro-batches (none here: equal lengths)
 are not modelled. Both are checked against bench_kit's formulas.
 
-    python benchmarks/learner_cost.py [--json PATH]       # 2-4 minutes on a shared 2-core CPU
+    python benchmarks/learner_cost.py [--json PATH]       # 13 minutes on a 2-core CPU at load ~9
 """
 
 from __future__ import annotations
