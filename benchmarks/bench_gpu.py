@@ -296,9 +296,11 @@ def _aggregation_group(model, tokenizer, scale: Scale) -> list:
 
 def measure_learner(model, tokenizer, scale: Scale, device: str, floors: dict, size: str = "4b") -> dict:
     """The learner on one aggregation group, 8 ways: grouped (shared_prompt.py: the group in one micro-step) and
-    per-sample (today's path: one of the group's N2 micro-steps, row 1's shape; a group costs N2 of them), each with
+    per-sample (the reference: one of the group's N2 micro-steps, row 1's shape; a group costs N2 of them), each with
     flash or cuDNN attention, recomputing or keeping attention outputs. Time and peak memory of
-    train.accumulate_gradients after a warm-up; MFU from bench_kit's model FLOPs."""
+    train.accumulate_gradients after a warm-up (grouped on CUDA: beside the peak its memory plan counts); MFU from
+    bench_kit's model FLOPs. A grouped row where the grouped learner did not run is an error, never a per-sample
+    time under the grouped name."""
     whole = _aggregation_group(model, tokenizer, scale)
     P, L = len(whole[0].prompt_ids), len(whole[0].completion_ids)
     rate = floors["matmul_TFLOPs"] * 1e12
@@ -389,8 +391,9 @@ def measure_aggregation_call(model, tokenizer, scale: Scale, device: str, floors
 
 def measure_train_py_step(model, tokenizer, scale: Scale, device: str, floors: dict, size: str = "4b") -> dict:
     """One `train.py` step (train.main, in this process, on this model: no model written to disk) at step_problems
-    problems x step_new_tokens, rewards by seeded coin flips; --generation fast, the rest train.py's defaults.
-    Stage times from the run's metrics.jsonl."""
+    problems x step_new_tokens, rewards by coin flips given as train.py's own --reward (coin_flip_reward: no math
+    grader needed); --generation fast, the rest train.py's defaults (the grouped learner). Stage times from the
+    run's metrics.jsonl; an error if train.py failed or its learner fell back to per sample."""
     import tempfile
 
     import checkpoint

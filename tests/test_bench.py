@@ -604,6 +604,7 @@ def test_the_step_model_runs_each_attention_segment_on_the_kernel_the_code_runs_
     assert sm.aggregation_prompt(2048) == 17_596 - 4 * 2048
     levers = sm.levers(f)
     assert sorted(levers, key=levers.get, reverse=True)[:3] == ["decode fixed cost", "learner attention", "prefill"]
+    assert [round(levers[k]) for k in ("decode fixed cost", "learner attention", "prefill")] == [152, 131, 55]  # README
     assert levers["completions on cuDNN"] == pytest.approx(s["step_grouped_s"] - 724, abs=1)
 
 

@@ -252,7 +252,7 @@ def test_on_gpu_runs_its_plan_at_toy_size_on_cpu(tmp_path):
     proc = run("benchmarks/on_gpu.py", str(out), "--toy", timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "gpu.json").read_text())
-    assert list(summary["steps"]) == ["learner", "fastgen", "train"]
+    assert list(summary["steps"]) == ["learner", "train", "fastgen"] and summary["preflight_s"] > 0
     assert all(r["rc"] == 0 and r["seconds"] > 0 for r in summary["steps"].values())
     assert summary["device"] == "cpu (toy)" and summary["commit"] and "--toy" in summary["command"]
     learner = summary["steps"]["learner"]["result"]["learner"]
@@ -261,7 +261,10 @@ def test_on_gpu_runs_its_plan_at_toy_size_on_cpu(tmp_path):
     assert all(r["seconds"] > 0 and "error" not in r for r in learner.values() if isinstance(r, dict))
     assert summary["steps"]["fastgen"]["result"]["rows"]["search_8"]["tokens_per_s"] > 0
     train = summary["steps"]["train"]["result"]
-    assert train["aggregation_call"]["prompts_per_call"] == [2] and train["aggregation_call"]["tokens_generated"] > 0
     assert train["train_py"]["samples_trained"] > 0 and train["train_py"]["learner_s"] > 0
     markdown = (out / "gpu.md").read_text()
     assert summary["commit"] in markdown and all(f"| {s} | 0 |" in markdown for s in summary["steps"])
+    aggregation = run("benchmarks/on_gpu.py", str(tmp_path / "named"), "--toy", "aggregation", timeout=1200)
+    assert aggregation.returncode == 0, aggregation.stdout[-3000:] + aggregation.stderr[-3000:]
+    call = json.loads((tmp_path / "named" / "gpu.json").read_text())["steps"]["aggregation"]["result"]
+    assert call["aggregation_call"]["prompts_per_call"] == [2] and call["aggregation_call"]["tokens_generated"] > 0
