@@ -196,12 +196,13 @@ class LearnerMemory:
         """The counts for `model` as it is set up now: its shape, LoRA rank, checkpointing, dtype and gradients."""
         base = unwrap(model)
         c = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
-        d, I, n, H = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads
+        d, n, H = c.hidden_size, c.num_hidden_layers, c.num_attention_heads
+        I = getattr(c, "intermediate_size", None) or 4 * d  # noqa: E741 - the MLP's width, as in the formula
         Hkv = getattr(c, "num_key_value_heads", None) or H
         D = getattr(c, "head_dim", None) or d // H
         r = max((a.weight.shape[0] for m in base.modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)
                  for a in m.lora_A.values()), default=0)
-        checkpointing, keep = _checkpointing(base)
+        checkpointing, keep = checkpointing_mode(base)
         layer = 18 * d + 14 * I + 10 * H * D + 8 * H + 8 * Hkv * D + 4 * Hkv + 4 * D + 24 * r
         if checkpointing:
             per_token, kv_layers = 2 * d * n + layer + (n - 1) * (2 * H * D + 4 * H) * keep, 1
@@ -224,9 +225,10 @@ class LearnerMemory:
         return self.fixed + sum(self.part_bytes(part) for part in parts)
 
 
-def _checkpointing(base) -> tuple[bool, bool]:
+def checkpointing_mode(model) -> tuple[bool, bool]:
     """(activation checkpointing active, keeping attention outputs), as train.enable_gradient_checkpointing set them
     (checkpointing runs in training mode only)."""
+    base = unwrap(model)
     layers = [m for m in base.modules() if getattr(m, "gradient_checkpointing", False) is True]
     if not layers or not base.training:
         return False, False

@@ -207,6 +207,8 @@ def preflight(plan: list[str], toy: bool) -> str | None:
         if why:
             return f"the grouped learner does not apply on this device ({why})"
         model.train()
+        if shared_prompt.checkpointing_mode(model) != (True, False):  # else the memory plan counts every layer's
+            return "the learner's memory plan does not see the model's activation checkpointing on this version"
         prompt = list(range(10, 74))
         group = [spiral.Sample(prompt, list(range(100 + i, 116 + i)), [-10.0] * 16, (-1.0) ** i, "aggregation")
                  for i in range(2)]

@@ -176,6 +176,12 @@ def test_pre_flight_stops_in_one_line_before_any_step(tmp_path, monkeypatch, cap
     assert err == ("on_gpu.py: error: pre-flight: the grouped learner does not apply on this device (its log-probs "
                    "differ by up to 0.5)\n") and not (tmp_path / "a").exists()
     monkeypatch.setattr(shared_prompt, "unsupported", lambda model: "")
+    monkeypatch.setattr(shared_prompt, "checkpointing_mode", lambda model: (False, False))
+    assert on_gpu.main([str(tmp_path / "c"), "--toy"]) == 2
+    assert capsys.readouterr().err == ("on_gpu.py: error: pre-flight: the learner's memory plan does not see the "
+                                       "model's activation checkpointing on this version\n")
+    monkeypatch.undo()
+    monkeypatch.setattr(on_gpu, "step_commands", lambda *a: pytest.fail("a step ran"))
 
     def failing(*args, **kwargs):
         raise RuntimeError("cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph.")

@@ -414,6 +414,15 @@ def test_the_memory_plan_counts_what_the_meta_device_counts_at_the_4b_shape(keep
     assert counted <= memory.peak_bytes(parts)
 
 
+def test_the_memory_plan_reads_the_checkpointing_train_py_set(tiny):
+    model = _lora_model(tiny, checkpointing=False)
+    assert shared_prompt.checkpointing_mode(model) == (False, False)
+    for keep in (False, True):
+        model = _lora_model(tiny, keep_attention_outputs=keep)
+        assert shared_prompt.checkpointing_mode(model) == (True, keep)
+        assert shared_prompt.checkpointing_mode(model.eval()) == (False, False)  # no checkpointing outside training
+
+
 def test_the_free_memory_is_cuda_s_free_and_cached_memory_less_a_margin_and_none_elsewhere(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * 10**9, 80 * 10**9))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * 10**9)
