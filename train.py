@@ -221,7 +221,7 @@ def importance_sampling_loss(logprobs_T, sampler_logprobs_T, adv_T, normalizer: 
 def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature: float = 1.0,
                          micro_batch_tokens: int | None = None, chunk_size: int = 256,
                          adapter_for_role: dict[str, str] | None = None, pad_token_id: int = 0,
-                         learner: str = "grouped", learner_attention: str = "cudnn") -> dict[str, float]:
+                         learner: str = "grouped", learner_attention: str = "cudnn") -> dict[str, float | str]:
     """Add the gradient of `importance_sampling_loss` over `samples` into the LoRA parameters' .grad.
 
     Each sample trains the adapter `adapter_for_role[role]` ("default" unless given; the two-model variant sends
