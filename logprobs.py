@@ -96,6 +96,19 @@ class TokenBatch:
         return TokenBatch(input_ids.to(device), attention_mask.to(device), completion_mask.to(device))
 
 
+def pack_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices in micro-batches of at most `max_tokens` padded tokens (rows x longest), longest first: the per-sample
+    learner's micro-batches (TokenBatch.from_samples pads each)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches, current = [], []
+    for i in order:
+        if current and (len(current) + 1) * lengths[current[0]] > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + [current] if current else batches
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions exactly as generate builds them: cumsum(mask) - 1, and 1 on padding (never attended to)."""
     position_ids = attention_mask.long().cumsum(-1) - 1  # (B, T)
@@ -214,9 +227,9 @@ def head_logprobs(head: nn.Module, hidden_T: torch.Tensor, targets_T: torch.Tens
             lp, ent = _chunk_logprobs(head, h, y, temperature)
         logprobs.append(lp)
         entropies.append(ent)
-    if not logprobs:
-        empty = hidden_T.new_zeros(0, dtype=torch.float32)
-        return empty, empty
+    if not logprobs:  # no completion token: empty, but on the graph, so a loss over it still has a backward
+        empty = hidden_T[:, 0].float()  # (0,)
+        return empty, empty.detach()
     return torch.cat(logprobs), torch.cat(entropies)  # (T,), (T,)
 
 

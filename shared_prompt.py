@@ -38,21 +38,24 @@ the one import besides torch), selected by config._attn_implementation while `sh
 layout reaches it as the decoder's attention mask (transformers 5.x passes a dict {"full_attention": mask} through
 unchanged and builds no mask of its own) and the positions as packed position_ids. Where a model does not follow
 that contract (sliding-window layers, an architecture that builds its own mask), `unsupported(model)` says why
-(a one-time numeric probe against the per-sample path) and train.py trains per sample. Prior art: Unsloth's
+(a one-time numeric probe against the per-sample path) and train.py trains per sample, saying so once and in the
+metric train/learner_fallback. On a GPU the micro-batches are planned by its free memory (`plan`, `LearnerMemory`):
+a group stays whole whenever its counted peak fits, and is split only when it must. Prior art: Unsloth's
 PrefixGrouper (GRPO), NeMo-RL's shared-prefix training, TRL's open request (huggingface/trl issue 3549).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch.nn.attention import sdpa_kernel
 from transformers import AttentionInterface
 
-from logprobs import (ATTENTION_BACKENDS, TokenBatch, completion_logprobs, decoder_and_head, head_logprobs,
-                      unwrap)
+from logprobs import (ATTENTION_BACKENDS, TokenBatch, attention_kept_contexts, completion_logprobs, decoder_and_head,
+                      head_logprobs, pack_micro_batches, unwrap)
 
 NAME = "spiral_shared_prompt"  # the attention implementation's name while sharing_prompts() is held
 SDPA = AttentionInterface()["sdpa"]  # transformers' own, for any mask that is not a Layout
@@ -75,32 +78,33 @@ def _cost(part) -> int:
     return len(part[0].prompt_ids) + sum(len(s.completion_ids) for s in part)
 
 
-def pack_groups(groups: list[list], max_tokens: int) -> list[list[list]]:
-    """Micro-batches of at most `max_tokens` packed tokens, each a list of parts (a prompt and completions of it).
+def pack_groups(groups: list[list], limit: float, cost=_cost) -> list[list[list]]:
+    """Micro-batches whose parts (a prompt and completions of it) cost at most `limit` together: packed tokens
+    (`cost` = _cost, the default) or, for the memory plan, peak bytes (LearnerMemory.part_bytes).
 
     A group that would not fit is split into parts that do, each repeating the prompt (a part holds at least one
-    completion, so a single sample longer than the budget is a micro-batch of its own, as in the per-sample path).
-    Parts go into micro-batches first fit, largest first.
+    completion, so a single sample over the limit is a micro-batch of its own, as in the per-sample path).
+    Parts go into micro-batches first fit, largest first (fewer forward calls than in their order of arrival).
     """
     parts = []
     for group in groups:
         part: list = []
         for s in group:
-            if part and _cost(part + [s]) > max_tokens:
+            if part and cost(part + [s]) > limit:
                 parts.append(part)
                 part = []
             part.append(s)
         parts.append(part)
     batches: list[list[list]] = []
-    loads: list[int] = []
-    for part in sorted(parts, key=_cost, reverse=True):  # a stable sort: equal costs keep their order
-        fits = next((b for b, load in enumerate(loads) if load + _cost(part) <= max_tokens), None)
+    loads: list[float] = []
+    for part in sorted(parts, key=cost, reverse=True):  # a stable sort: equal costs keep their order
+        fits = next((b for b, load in enumerate(loads) if load + cost(part) <= limit), None)
         if fits is None:
             batches.append([part])
-            loads.append(_cost(part))
+            loads.append(cost(part))
         else:
             batches[fits].append(part)
-            loads[fits] += _cost(part)
+            loads[fits] += cost(part)
     return batches
 
 
@@ -131,22 +135,127 @@ class PackedBatch:
         for part in parts:
             prompt = list(part[0].prompt_ids)
             P, p0 = len(prompt), len(ids)
+            if P == 0:  # as the per-sample learner (logprobs.completion_logprobs) refuses it
+                raise ValueError("logprobs: a completion token at position 0 has no context to be predicted from")
             ids += prompt
             positions += range(P)
             completions = []
             for s in part:
                 c0, L = len(ids), len(s.completion_ids)
+                samples.append(s)
+                if L == 0:  # no token to predict: in the loss with nothing, as in the per-sample learner
+                    continue
                 ids += list(s.completion_ids)
                 positions += range(P, P + L)
                 # y_1 is predicted by the prompt's last token, y_t (t > 1) by y_{t-1} just before it in the row
                 predictors += [p0 + P - 1] + list(range(c0, c0 + L - 1))
                 completions.append((c0, c0 + L))
-                samples.append(s)
             groups.append(((p0, p0 + P), tuple(completions)))
         targets = [t for s in samples for t in s.completion_ids]
         return PackedBatch(torch.tensor([ids], device=device), torch.tensor([positions], device=device),
                            Layout(tuple(groups)), torch.tensor(predictors, device=device, dtype=torch.long),
                            torch.tensor(targets, device=device, dtype=torch.long), samples)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The memory plan: how many tokens a micro-batch may hold
+
+
+DEFAULT_MICRO_BATCH_TOKENS = 40_960  # where memory is not planned (a CPU; the per-sample learner): tokens a micro-batch
+LEARNER_MEMORY_FRACTION = 0.9  # of the GPU's free memory the plan fills (the caching allocator's fragmentation)
+
+
+@dataclass(frozen=True)
+class LearnerMemory:
+    """Peak bytes of a grouped micro-batch's forward + backward beyond what is resident (weights, LoRA, optimizer
+    state), as benchmarks/learner_cost.py counts them on the meta device for transformers' Qwen3 decoder layer (bf16
+    activations, fp32 norms; an fp32 model counts twice). With d the hidden size, I the MLP's, H and Hkv query and
+    key-value heads of D dimensions, r the LoRA rank, n the decoder layers:
+
+        per packed token   2 d n (the input each checkpointed layer keeps) + one layer's working set in its backward,
+                           W = 18 d + 14 I + 10 H D + 8 H + 8 Hkv D + 4 Hkv + 4 D + 24 r (the recomputed forward:
+                           the norms' fp32 copies, q, k, v, rotary, the attention output, SwiGLU's (T, I) tensors,
+                           LoRA's (T, r) ones); keeping attention outputs adds 2 H D + 4 H per further layer; without
+                           checkpointing every layer keeps its own: n (2 d + W), an overcount
+        per completion     4 Hkv D (P + L): its K and V concatenated with the prompt's (n times without
+                           checkpointing), and 32 L: its targets, log-probs and ratios
+        fixed              the output head's chunk, 3 x chunk x V fp32 (where a micro-batch of a few thousand tokens
+                           peaks), and the trainable parameters' gradients not yet allocated
+
+    At Qwen3-4B's shape this is within 3 MB of the count from 30k tokens up (tests/test_shared_prompt.py); a decoder
+    layer without q/k norms (Llama's) is slightly overcounted.
+    """
+
+    per_token: int
+    per_completion_kv: int  # a completion's concatenated K and V, per token of its prompt and itself
+    per_completion_token: int
+    fixed: int
+
+    @staticmethod
+    def of(model, chunk_size: int = 256) -> "LearnerMemory":
+        """The counts for `model` as it is set up now: its shape, LoRA rank, checkpointing, dtype and gradients."""
+        base = unwrap(model)
+        c = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+        d, n, H = c.hidden_size, c.num_hidden_layers, c.num_attention_heads
+        I = getattr(c, "intermediate_size", None) or 4 * d  # noqa: E741 - the MLP's width, as in the formula
+        Hkv = getattr(c, "num_key_value_heads", None) or H
+        D = getattr(c, "head_dim", None) or d // H
+        r = max((a.weight.shape[0] for m in base.modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)
+                 for a in m.lora_A.values()), default=0)
+        checkpointing, keep = checkpointing_mode(base)
+        layer = 18 * d + 14 * I + 10 * H * D + 8 * H + 8 * Hkv * D + 4 * Hkv + 4 * D + 24 * r
+        if checkpointing:
+            per_token, kv_layers = 2 * d * n + layer + (n - 1) * (2 * H * D + 4 * H) * keep, 1
+        else:
+            per_token, kv_layers = n * (2 * d + layer), n
+        scale = max(1.0, next(base.parameters()).element_size() / 2)
+        grads = sum(p.numel() * p.element_size() for p in base.parameters() if p.requires_grad and p.grad is None)
+        return LearnerMemory(int(scale * per_token), int(scale * 4 * Hkv * D * kv_layers), 32,
+                             3 * chunk_size * c.vocab_size * 4 + grads)
+
+    def part_bytes(self, part) -> int:
+        """Peak bytes a part (a prompt and completions of it) adds to a micro-batch."""
+        P = len(part[0].prompt_ids)
+        return sum(self.per_token * (len(s.completion_ids) + (P if i == 0 else 0))
+                   + self.per_completion_kv * (P + len(s.completion_ids))
+                   + self.per_completion_token * len(s.completion_ids) for i, s in enumerate(part))
+
+    def peak_bytes(self, parts: list[list]) -> int:
+        """Peak bytes of a micro-batch beyond what is resident: its parts and the fixed part."""
+        return self.fixed + sum(self.part_bytes(part) for part in parts)
+
+
+def checkpointing_mode(model) -> tuple[bool, bool]:
+    """(activation checkpointing active, keeping attention outputs), as train.enable_gradient_checkpointing set them
+    (checkpointing runs in training mode only)."""
+    base = unwrap(model)
+    layers = [m for m in base.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    if not layers or not base.training:
+        return False, False
+    function = getattr(layers[0], "_gradient_checkpointing_func", None)
+    return True, getattr(function, "keywords", {}).get("context_fn") is attention_kept_contexts
+
+
+def free_learner_memory(device) -> int | None:
+    """Bytes the learner may fill on `device`: LEARNER_MEMORY_FRACTION of CUDA's free memory and of what torch's
+    caching allocator holds unused (the sampler's KV arena, once released); None off CUDA (no plan by memory)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(LEARNER_MEMORY_FRACTION * (free + unused))
+
+
+def plan(model, groups: list[list], max_tokens: int | None, free_bytes: int | None, chunk_size: int = 256
+         ) -> list[list[list]]:
+    """The grouped learner's micro-batches (pack_groups). `max_tokens` given: at most that many packed tokens. Else,
+    with `free_bytes` (free_learner_memory): by memory, a group kept whole whenever its counted peak (LearnerMemory)
+    fits and split only when it must. Else (a CPU): DEFAULT_MICRO_BATCH_TOKENS tokens."""
+    if max_tokens is None and free_bytes is not None:
+        memory = LearnerMemory.of(model, chunk_size)
+        return pack_groups(groups, free_bytes - memory.fixed, memory.part_bytes)
+    return pack_groups(groups, max_tokens or DEFAULT_MICRO_BATCH_TOKENS)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -222,6 +331,25 @@ def grouped_logprobs(model, batch: PackedBatch, temperature: float = 1.0, chunk_
         hidden = decoder(input_ids=batch.input_ids, attention_mask={"full_attention": batch.layout},
                          position_ids=batch.position_ids, use_cache=False).last_hidden_state[0]  # (T, H)
     return head_logprobs(head, hidden[batch.predictor_T], batch.target_T, temperature, chunk_size)  # (T,), (T,)
+
+
+def micro_batches(model, samples, grouped: bool, max_tokens: int | None, pad_token_id: int, device,
+                  temperature: float, chunk_size: int, backends: list):
+    """(samples of a micro-batch, a function computing their log-probs and entropies) for each micro-batch of
+    train.accumulate_gradients: packed groups (each prompt once, planned by `plan`: by the GPU's free memory unless
+    `max_tokens` is given) or right-padded rows (logprobs.pack_micro_batches: `max_tokens` padded tokens, default
+    DEFAULT_MICRO_BATCH_TOKENS)."""
+    if grouped:
+        free = free_learner_memory(device) if max_tokens is None else None
+        for parts in plan(model, group_by_prompt(samples), max_tokens, free, chunk_size):
+            batch = PackedBatch.from_parts(parts, device)
+            yield batch.samples, functools.partial(grouped_logprobs, model, batch, temperature, chunk_size, backends)
+        return
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    for indices in pack_micro_batches(lengths, max_tokens or DEFAULT_MICRO_BATCH_TOKENS):
+        micro = [samples[i] for i in indices]
+        batch = TokenBatch.from_samples(micro, pad_token_id, device)
+        yield micro, functools.partial(completion_logprobs, model, batch, temperature, chunk_size, backends=backends)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

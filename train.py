@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import copy
 import dataclasses
-import functools
 import math
 import os
 import random
@@ -57,8 +56,7 @@ import task
 import tiny
 import tiny_parts
 from cli import ConfigError, validate
-from logprobs import (TokenBatch, attention_kept_contexts, completion_logprobs, learner_attention_backends,
-                      unwrap)
+from logprobs import attention_kept_contexts, learner_attention_backends, unwrap
 from lora import TARGET_MODULES, add_lora, adapter_names, export_adapters, lora_parameters, replace_dir, use_adapter
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -121,8 +119,10 @@ class TrainConfig:
     adam_eps: float = option(1e-8, "AdamW epsilon")
     max_grad_norm: float = option(1.0, "clip each adapter's gradient to this norm (0: no clipping, as Tinker)")
     separate_aggregator: bool = option(False, "two-model variant: adapter phi writes and learns the aggregation traces")
-    micro_batch_tokens: int = option(40960, "tokens per training micro-batch: packed (--learner grouped: a whole "
-                                            "17.6k + 4 x 4,096-token aggregation group fits) or padded (per-sample)")
+    micro_batch_tokens: int | None = option(None, "tokens per training micro-batch, packed (grouped) or padded "
+                                                  "(per-sample), on any device. Default: planned by memory on a GPU "
+                                                  "(grouped: a group stays whole whenever its counted peak fits the "
+                                                  "free memory, split only when it must), else 40,960")
     logprob_chunk_size: int = option(256, "completion positions per lm_head chunk in the log-probs")
     generation_batch_size: int | None = option(None, "sequences per generate call (default: --generation-tokens)")
     generation_tokens: int | None = option(None, "KV-cache tokens (prompt + completion) per generate call (default: "
@@ -235,29 +235,18 @@ def importance_sampling_loss(logprobs_T, sampler_logprobs_T, adv_T, normalizer: 
     return -(ratio_T * adv_T).sum() / normalizer, ratio_T
 
 
-def pack_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Indices in micro-batches of at most `max_tokens` padded tokens (rows x longest), longest first."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches, current = [], []
-    for i in order:
-        if current and (len(current) + 1) * lengths[current[0]] > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    return batches + [current] if current else batches
-
-
 def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature: float = 1.0,
-                         micro_batch_tokens: int = 40960, chunk_size: int = 256,
+                         micro_batch_tokens: int | None = None, chunk_size: int = 256,
                          adapter_for_role: dict[str, str] | None = None, pad_token_id: int = 0,
-                         learner: str = "grouped", learner_attention: str = "cudnn") -> dict[str, float]:
+                         learner: str = "grouped", learner_attention: str = "cudnn") -> dict[str, float | str]:
     """Add the gradient of `importance_sampling_loss` over `samples` into the LoRA parameters' .grad.
 
     Each sample trains the adapter `adapter_for_role[role]` ("default" unless given; the two-model variant sends
     aggregation samples to phi). Every micro-batch divides by the same constant, so the split does not matter.
     learner="grouped" runs each prompt once for all its completions (shared_prompt.py; per sample where
-    shared_prompt.unsupported(model) says it does not apply), "per-sample" one row per sample (the reference);
-    both give the same gradient. `learner_attention`: the SDPA kernels on a GPU (logprobs.learner_attention_backends).
+    shared_prompt.unsupported(model) says it does not apply: the metric train/learner_fallback names why), "per-sample"
+    one row per sample (the reference); both give the same gradient. Micro-batches: shared_prompt.micro_batches
+    (micro_batch_tokens None: planned by memory). `learner_attention`: the SDPA kernels on a GPU.
     """
     adapter_for_role = adapter_for_role or {}
     base = unwrap(model)
@@ -270,7 +259,8 @@ def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature:
     by_adapter: dict[str, list] = {}
     for s in trained:
         by_adapter.setdefault(adapter_for_role.get(s.role, "default"), []).append(s)
-    grouped = learner == "grouped" and bool(trained) and not shared_prompt.unsupported(model)
+    fallback = shared_prompt.unsupported(model) if learner == "grouped" and trained else ""
+    grouped = learner == "grouped" and bool(trained) and not fallback
     backends = learner_attention_backends(learner_attention, device.type, base.dtype, masked=not grouped)
 
     loss_sum, ratios, entropy_by_role, tokens = 0.0, [], {}, 0
@@ -278,8 +268,8 @@ def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature:
         # The kernels and the grouped attention stay chosen over the backward: checkpointing recomputes the forward.
         with use_adapter(model, name), sdpa_kernel(backends), \
                 (shared_prompt.sharing_prompts(model) if grouped else contextlib.nullcontext()):
-            for micro, forward in _micro_batches(model, group, grouped, micro_batch_tokens, pad_token_id, device,
-                                                 temperature, chunk_size, backends):
+            for micro, forward in shared_prompt.micro_batches(model, group, grouped, micro_batch_tokens, pad_token_id,
+                                                              device, temperature, chunk_size, backends):
                 logprobs_T, entropy_T = forward()  # (T,), (T,) sample after sample, in the order of `micro`
                 sampler_T = torch.tensor([lp for s in micro for lp in s.sampler_logprobs], device=device)  # (T,)
                 lengths_B = torch.tensor([len(s.completion_ids) for s in micro], device=device)  # (B,)
@@ -293,24 +283,8 @@ def accumulate_gradients(model, samples, *, loss_normalizer: float, temperature:
                 for s, ent in zip(micro, torch.split(entropy_T, lengths_B.tolist())):
                     entropy_by_role.setdefault(s.role, []).append(ent)
 
-    return loss_metrics(loss_sum, len(trained), tokens, ratios, entropy_by_role)
-
-
-def _micro_batches(model, samples, grouped: bool, max_tokens: int, pad_token_id: int, device, temperature: float,
-                   chunk_size: int, backends: list):
-    """(samples of a micro-batch, a function computing their log-probs and entropies) for each micro-batch: packed
-    groups (each prompt once, shared_prompt.pack_groups) or right-padded rows (pack_micro_batches)."""
-    if grouped:
-        for parts in shared_prompt.pack_groups(shared_prompt.group_by_prompt(samples), max_tokens):
-            batch = shared_prompt.PackedBatch.from_parts(parts, device)
-            yield batch.samples, functools.partial(shared_prompt.grouped_logprobs, model, batch, temperature,
-                                                   chunk_size, backends)
-        return
-    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
-    for indices in pack_micro_batches(lengths, max_tokens):
-        micro = [samples[i] for i in indices]
-        batch = TokenBatch.from_samples(micro, pad_token_id, device)
-        yield micro, functools.partial(completion_logprobs, model, batch, temperature, chunk_size, backends=backends)
+    metrics = loss_metrics(loss_sum, len(trained), tokens, ratios, entropy_by_role)
+    return metrics | ({"train/learner_fallback": f"per-sample: {fallback}"} if fallback else {})
 
 
 def loss_metrics(loss_sum: float, samples_trained: int, tokens_trained: int, ratios: list, entropy_by_role: dict
@@ -493,7 +467,8 @@ def start_run(cfg: TrainConfig, problems):
         enable_gradient_checkpointing(model, cfg.keep_attention_outputs)
     why = shared_prompt.unsupported(model) if cfg.learner == "grouped" else ""
     if why:
-        print(f"train.py: --learner grouped does not apply to this model ({why}); the learner trains per sample")
+        print(f"train.py: --learner grouped does not apply to this model ({why}); the learner trains per sample "
+              "(metric train/learner_fallback)")
     model.eval()
     optimizer = torch.optim.AdamW([{"params": lora_parameters(model, name)} for name in adapter_names(model)],
                                   lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,

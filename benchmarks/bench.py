@@ -47,7 +47,9 @@ CPU part (runs in CI at --small size):
               with 1 + n new tokens minus with 1, over n; minimum of repeats), a proxy for per-step overhead; and the
               bytes a step copies besides reading the weights and the cache (CopyCounter: concatenations such as a
               DynamicCache growing, copies such as expanded K/V heads or the logits' fp32 copy, masks).
-GPU rows 2-4 take --engine hf|fast (fast: fastgen.py, the decode step replayed as CUDA graphs).
+GPU rows 2-4 take --engine hf|fast (fast: fastgen.py, the decode step replayed as CUDA graphs). A GPU row that
+fails (an out-of-memory, a kernel error, train.py's exit status; a row labelled grouped where the grouped learner
+did not apply) records its error in --json, the next row runs, and bench.py exits 1 naming every failed row.
 
 Run it (from the repository root):
     python benchmarks/bench.py --cpu --json cpu.json                   # 5, at 4,096 tokens (~4 min, shared 2-core CPU)
@@ -249,7 +251,23 @@ def _main(argv: list[str] | None) -> int:
     if args.json:
         write_json(args.json, results)
         print(f"bench.py: wrote {args.json}")
+    failed = [] if args.cpu else failed_measurements(results)
+    if failed:  # recorded in --json as results; the exit status says they are not measurements
+        print(f"bench.py: error: {len(failed)} measurement(s) failed: {'; '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def failed_measurements(results: dict) -> list[str]:
+    """"ROW: error" for each GPU row, and each learner variant, that recorded an error instead of a figure."""
+    failed = []
+    for key in GPU_MEASUREMENTS:
+        r = results.get(key)
+        if isinstance(r, dict) and "error" in r:
+            failed.append(f"{key}: {r['error']}")
+        elif isinstance(r, dict) and key == "learner":
+            failed += [f"learner {k}: {v['error']}" for k, v in r.items() if isinstance(v, dict) and "error" in v]
+    return failed
 
 
 

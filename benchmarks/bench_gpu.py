@@ -11,6 +11,7 @@ import os
 import platform
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,6 +28,7 @@ import logprobs  # noqa: E402
 import lora  # noqa: E402
 import problemset  # noqa: E402
 import rollout  # noqa: E402
+import shared_prompt  # noqa: E402
 import spiral  # noqa: E402
 import train  # noqa: E402
 from bench_kit import (GB, SPECIAL_TOKENS, Meter, build_policy, datasheet_tflops, floor_seconds,  # noqa: E402
@@ -88,7 +90,7 @@ def measure_train_step(model, tokenizer, scale: Scale, device: str, floors: dict
     # cuDNN to logprobs.ATTENTION_BACKENDS. The learner's own variants are measure_learner's.
     cudnn = SDPBackend.CUDNN_ATTENTION in logprobs.ATTENTION_BACKENDS
     kwargs = dict(loss_normalizer=float(len(completion_ids)), temperature=1.0,
-                  micro_batch_tokens=max(defaults.micro_batch_tokens, T), chunk_size=defaults.logprob_chunk_size,
+                  micro_batch_tokens=T, chunk_size=defaults.logprob_chunk_size,
                   pad_token_id=tokenizer.pad_token_id, learner="per-sample",
                   learner_attention="cudnn" if cudnn else "flash")
     optimizer = torch.optim.AdamW(lora.lora_parameters(model), lr=1e-9)
@@ -192,6 +194,13 @@ def _coin_flip_rewards(seed: int = 0):
         spiral.reward = saved
 
 
+def coin_flip_reward(problem, completion_text: str) -> float:
+    """A task reward (train.py --reward bench_gpu:coin_flip_reward) for the train.py step: a coin flip seeded by the
+    completion's text, so the same command grades alike. Random weights never solve a problem; this keeps every
+    problem, and the math grader (math-verify, absent on the GPU machine unless carried) is never started."""
+    return float(zlib.crc32(completion_text.encode()) % 2)
+
+
 @contextlib.contextmanager
 def _timed_generate_calls(calls: list, announce: str | None = None):
     """Record the wall time of each rollout.generate call that spiral makes (search first, then aggregation);
@@ -287,9 +296,11 @@ def _aggregation_group(model, tokenizer, scale: Scale) -> list:
 
 def measure_learner(model, tokenizer, scale: Scale, device: str, floors: dict, size: str = "4b") -> dict:
     """The learner on one aggregation group, 8 ways: grouped (shared_prompt.py: the group in one micro-step) and
-    per-sample (today's path: one of the group's N2 micro-steps, row 1's shape; a group costs N2 of them), each with
+    per-sample (the reference: one of the group's N2 micro-steps, row 1's shape; a group costs N2 of them), each with
     flash or cuDNN attention, recomputing or keeping attention outputs. Time and peak memory of
-    train.accumulate_gradients after a warm-up; MFU from bench_kit's model FLOPs."""
+    train.accumulate_gradients after a warm-up (grouped on CUDA: beside the peak its memory plan counts); MFU from
+    bench_kit's model FLOPs. A grouped row where the grouped learner did not run is an error, never a per-sample
+    time under the grouped name."""
     whole = _aggregation_group(model, tokenizer, scale)
     P, L = len(whole[0].prompt_ids), len(whole[0].completion_ids)
     rate = floors["matmul_TFLOPs"] * 1e12
@@ -309,13 +320,18 @@ def measure_learner(model, tokenizer, scale: Scale, device: str, floors: dict, s
                 try:
                     train.enable_gradient_checkpointing(model, keep_attention_outputs=keep)
                     model.train()
-                    train.accumulate_gradients(model, group, **kwargs)  # warm-up: kernels chosen, memory cached
+                    metrics = train.accumulate_gradients(model, group, **kwargs)  # warm-up: kernels, memory cached
                     model.zero_grad(set_to_none=True)
+                    planned = _planned_peak_bytes(model, group, device) if learner == "grouped" else None
                     with Meter(device) as meter:
-                        train.accumulate_gradients(model, group, **kwargs)
+                        metrics = train.accumulate_gradients(model, group, **kwargs)
                     r = {"completions_trained": len(group), "seconds": meter.seconds,
                          "peak_memory_GB": meter.peak_bytes / GB, "model_TFLOP": model_flops / 1e12,
                          "mfu": model_flops / meter.seconds / rate}
+                    if planned is not None:
+                        r["planned_peak_memory_GB"] = planned / GB
+                    if "train/learner_fallback" in metrics:  # a row labelled grouped never reports per-sample time
+                        r = {"error": f"the grouped learner did not run ({metrics['train/learner_fallback']})"}
                 except Exception as e:  # noqa: BLE001 - an out-of-memory or a kernel failure is a result too
                     r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 finally:
@@ -327,6 +343,18 @@ def measure_learner(model, tokenizer, scale: Scale, device: str, floors: dict, s
                 print_result("learner_row", {"key": key, **result, **r})
     train.enable_gradient_checkpointing(model)
     return result
+
+
+def _planned_peak_bytes(model, group: list, device: str) -> int | None:
+    """On CUDA, the peak memory the grouped learner's plan counts for `group` (shared_prompt.LearnerMemory, over the
+    micro-batches it plans from the free memory now), what is allocated already included; None elsewhere."""
+    if not device.startswith("cuda"):
+        return None
+    groups = shared_prompt.group_by_prompt(group)
+    memory = shared_prompt.LearnerMemory.of(model, train.TrainConfig.logprob_chunk_size)
+    batches = shared_prompt.plan(model, groups, None, shared_prompt.free_learner_memory(device),
+                                 train.TrainConfig.logprob_chunk_size)
+    return torch.cuda.memory_allocated(device) + max(memory.peak_bytes(b) for b in batches)
 
 
 def measure_aggregation_call(model, tokenizer, scale: Scale, device: str, floors: dict, size: str = "4b") -> dict:
@@ -363,8 +391,9 @@ def measure_aggregation_call(model, tokenizer, scale: Scale, device: str, floors
 
 def measure_train_py_step(model, tokenizer, scale: Scale, device: str, floors: dict, size: str = "4b") -> dict:
     """One `train.py` step (train.main, in this process, on this model: no model written to disk) at step_problems
-    problems x step_new_tokens, rewards by seeded coin flips; --generation fast, the rest train.py's defaults.
-    Stage times from the run's metrics.jsonl."""
+    problems x step_new_tokens, rewards by coin flips given as train.py's own --reward (coin_flip_reward: no math
+    grader needed); --generation fast, the rest train.py's defaults (the grouped learner). Stage times from the
+    run's metrics.jsonl; an error if train.py failed or its learner fell back to per sample."""
     import tempfile
 
     import checkpoint
@@ -378,10 +407,11 @@ def measure_train_py_step(model, tokenizer, scale: Scale, device: str, floors: d
     problemset.CODE_BUILT_PROBLEMS[name] = lambda: [
         problemset.Problem(random_words(scale.problem_tokens, model.config.vocab_size, rng), "1") for _ in range(8)]
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, _coin_flip_rewards():
+    with tempfile.TemporaryDirectory() as tmp:
         argv = ["--model", name, "--data", name, "--steps", "1", "--batch-problems", str(scale.step_problems),
                 "--max-draws", str(scale.step_problems), "--max-new-tokens", str(scale.step_new_tokens),
                 "--max-prompt-tokens", str(scale.problem_tokens + 256), "--generation", "fast", "--no-plot",
+                "--reward", f"{__name__}:coin_flip_reward",
                 "--out", os.path.join(tmp, "run")] + ([] if device.startswith("cuda") else ["--device", "cpu"])
         t0 = time.perf_counter()
         calls: list = []
@@ -393,6 +423,8 @@ def measure_train_py_step(model, tokenizer, scale: Scale, device: str, floors: d
     if code != 0 or not rows:
         return {"error": f"train.main exited {code}", "seconds": seconds}
     row = rows[0]
+    if "train/learner_fallback" in row:  # this row is labelled the grouped learner's: never a per-sample time
+        return {"error": f"the grouped learner did not run ({row['train/learner_fallback']})", "seconds": seconds}
     r = {"problems": scale.step_problems, "new_tokens": scale.step_new_tokens, "seconds": seconds,
          "search_s": row["time/search_s"], "aggregation_s": row["time/aggregation_s"], "learner_s": row["time/train_s"],
          "tokens_generated": row["tokens_generated"], "samples_trained": row.get("train/samples_trained"),
@@ -468,11 +500,12 @@ def print_result(key: str, r: dict) -> None:
         if "error" in r:
             print(f"[learner {r['key']}] error: {r['error']}", flush=True)
             return
+        planned = f" (planned {r['planned_peak_memory_GB']:.1f} GB)" if "planned_peak_memory_GB" in r else ""
         print(f"[learner {r['key']}] {r['prompt_tokens']:,} + {r['completions_trained']} x "
               f"{r['completion_tokens']:,} tokens: "
               f"{r['seconds']:.2f} s{_vs_model(r['seconds'], r.get('model_seconds'))}, peak "
-              f"{r['peak_memory_GB']:.1f} GB, MFU {100 * r['mfu']:.1f}% ({r['model_TFLOP']:.4g} model TFLOP)",
-              flush=True)
+              f"{r['peak_memory_GB']:.1f} GB{planned}, MFU {100 * r['mfu']:.1f}% ({r['model_TFLOP']:.4g} model "
+              "TFLOP)", flush=True)
     elif key == "aggregation_call":
         print(f"[aggregation call] {r['prompts']} prompts x {r['samples_per_prompt']} (~{r['prompt_tokens']:,} prompt "
               f"tokens, {r['new_tokens']:,} new) in calls of {r['prompts_per_call']} prompts: {r['seconds']:.1f} s"

@@ -225,30 +225,36 @@ def prefill_flops(cfg, prompt_lengths: list[int]) -> int:
 
 def train_step_flops(cfg, T: int, completion_tokens: int, n_lora: int) -> dict:
     """Model FLOPs (what MFU divides by) and hardware FLOPs (adds checkpointing's recomputation) of one forward +
-    backward over a T-token sequence whose last `completion_tokens` tokens go through lm_head (module docstring)."""
+    backward over a T-token sequence whose last `completion_tokens` tokens go through lm_head (module docstring).
+    Its attention is one square causal call, on the kernel --learner-attention chooses (flash_attention_flops 0)."""
     N, A = decoder_matmul_params(cfg), attention_flops(cfg, T)
     head = 2 * cfg.hidden_size * cfg.vocab_size * completion_tokens  # one lm_head matmul over the completion
     forward = 2 * N * T + 2 * n_lora * T + A + head
     backward = 2 * N * T + 4 * n_lora * T + 2 * A + head  # input gradients only for the frozen base and lm_head
     recompute = 2 * N * T + 2 * n_lora * T + A + head  # checkpointed decoder layers and lm_head chunks, once more
     return {"model_flops": forward + backward, "hardware_flops": forward + backward + recompute,
-            "attention_share": 3 * A / (forward + backward), "attention_flops": A, "tokens": T}
+            "attention_share": 3 * A / (forward + backward), "attention_flops": A, "flash_attention_flops": 0,
+            "tokens": T}
 
 
 def grouped_step_flops(cfg, prompt_tokens: int, completion_tokens: list[int], n_lora: int) -> dict:
     """train_step_flops for one prompt trained once with its completions (shared_prompt.py): the linears, LoRA and
     norms see P + sum L tokens; attention computes P(P+1)/2 query-key pairs for the prompt and L (P + (L+1)/2) for
-    each completion (its own causal part and the whole prompt), per head and layer."""
+    each completion (its own causal part and the whole prompt), per head and layer. "flash_attention_flops": the
+    completions' part, which runs torch's flash kernel whatever --learner-attention chooses for the prompt's (and
+    the per-sample learner's rows: train_step_flops has none)."""
     N, T = decoder_matmul_params(cfg), prompt_tokens + sum(completion_tokens)
-    pairs = prompt_tokens * (prompt_tokens + 1) // 2 + sum(L * prompt_tokens + L * (L + 1) // 2
-                                                          for L in completion_tokens)
+    completion_pairs = sum(L * prompt_tokens + L * (L + 1) // 2 for L in completion_tokens)
+    pairs = prompt_tokens * (prompt_tokens + 1) // 2 + completion_pairs
     A = cfg.num_hidden_layers * 4 * cfg.num_attention_heads * cfg.head_dim * pairs
     head = 2 * cfg.hidden_size * cfg.vocab_size * sum(completion_tokens)
     forward = 2 * N * T + 2 * n_lora * T + A + head
     backward = 2 * N * T + 4 * n_lora * T + 2 * A + head
     recompute = 2 * N * T + 2 * n_lora * T + A + head
+    flash = cfg.num_hidden_layers * 4 * cfg.num_attention_heads * cfg.head_dim * completion_pairs
     return {"model_flops": forward + backward, "hardware_flops": forward + backward + recompute,
-            "attention_share": 3 * A / (forward + backward), "attention_flops": A, "tokens": T}
+            "attention_share": 3 * A / (forward + backward), "attention_flops": A, "flash_attention_flops": flash,
+            "tokens": T}
 
 
 def kv_bytes_per_token(cfg, element_size: int) -> int:

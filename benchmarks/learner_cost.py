@@ -8,7 +8,9 @@ mode that counts:
     kernel does). Counted with checkpointing off (and the lm_head chunks run without theirs): model FLOPs, the
     definition of bench.py's MFU.
   - memory: the bytes of every storage an op creates, while it is alive, plus the weights, the LoRA parameters,
-    their gradients and AdamW's two moments, which exist before the step.
+    their gradients and AdamW's two moments, which exist before the step. The micro-batches are the ones train.py's
+    learner plans (shared_prompt.plan) on a card of 80 GB (or 24 GB, or at a token cap), and each row prints the
+    plan's own count (shared_prompt.LearnerMemory) beside this one.
   - the kernels' inputs: whether any attention call got a mask or K/V repeated to every query head.
 F.scaled_dot_product_attention is replaced by the flash kernel's meta function for the count (on the meta device
 it would decompose into the math path and allocate (L, L) scores). Samples are every trace full (4,096 tokens):
@@ -17,7 +19,7 @@ completion positions by a boolean mask has a data-dependent size), so it is coun
 one completion per group: the same linears and the same pairs; its padded micro-batches (none here: equal lengths)
 are not modelled. Both are checked against bench_kit's formulas.
 
-    python benchmarks/learner_cost.py [--json PATH]       # 2-4 minutes on a shared 2-core CPU
+    python benchmarks/learner_cost.py [--json PATH]       # 13 minutes on a 2-core CPU at load ~9
 """
 
 from __future__ import annotations
@@ -142,9 +144,9 @@ def train_parts(model, parts: list[list]) -> Cost:
 Cost.kv_heads = 8  # Qwen3-4B's (checked against the model in train_parts)
 
 
-def _samples(prompt: int, completions: int, role: str) -> list:
+def _samples(prompt: int, completions: int, role: str, new_tokens: int = NEW_TOKENS) -> list:
     ids = [5] * prompt
-    return [spiral.Sample(ids, [6] * NEW_TOKENS, [-1.0] * NEW_TOKENS, 1.0, role) for _ in range(completions)]
+    return [spiral.Sample(ids, [6] * new_tokens, [-1.0] * new_tokens, 1.0, role) for _ in range(completions)]
 
 
 def step_flops(grouped: bool, problems: int = 8) -> dict:
@@ -175,22 +177,33 @@ def _step_flops(model, grouped: bool, problems: int) -> dict:
             "masked_attention_calls": masked, "repeated_kv_calls": repeated}
 
 
-def group_memory(keep_attention_outputs: bool, budget: int, completions: int = 4, grouped: bool = True) -> dict:
-    """Peak bytes of training one aggregation group (17,596 + completions x 4,096 tokens) under checkpointing, in
-    the micro-batches train.py makes of it at `budget` tokens (a group that does not fit is split)."""
+def resident_bytes(model) -> int:
+    """What exists before a step: bf16 weights and fp32 LoRA (parameters() counts the tied embedding once), the LoRA
+    gradients and AdamW's two moments."""
+    return sum(p.numel() * p.element_size() for p in model.parameters()) + 3 * 4 * lora_params(model)
+
+
+def group_memory(keep_attention_outputs: bool, card_GB: float | None = 80, max_tokens: int | None = None,
+                 completions: int = 4, new_tokens: int = NEW_TOKENS, grouped: bool = True) -> dict:
+    """Peak bytes of training one aggregation group (17,596 + completions x new_tokens tokens) under checkpointing,
+    in the micro-batches train.py makes of it: planned by memory on a card of `card_GB` (shared_prompt.plan, the
+    free memory being the card less what is resident), or at `max_tokens` tokens (--micro-batch-tokens)."""
     model = build(checkpointing=True, keep_attention_outputs=keep_attention_outputs)
-    group = _samples(AGGREGATION_PROMPT, completions, "aggregation")
-    batches = shared_prompt.pack_groups([group], budget) if grouped else [[[s]] for s in group]
-    peaks, largest = [], 0
+    group = _samples(AGGREGATION_PROMPT, completions, "aggregation", new_tokens)
+    resident = resident_bytes(model)
+    free = None if max_tokens else int(shared_prompt.LEARNER_MEMORY_FRACTION * (card_GB * GB - resident))
+    batches = shared_prompt.plan(model, [group], max_tokens, free) if grouped else [[[s]] for s in group]
+    memory = shared_prompt.LearnerMemory.of(model)
+    peaks, planned, largest = [], [], 0
     for parts in batches:
         cost = train_parts(model, parts)
         peaks.append(cost.peak)
+        planned.append(memory.peak_bytes(parts))
         largest = max(largest, cost.largest)
-    # bf16 weights and fp32 LoRA (parameters() counts the tied embedding once), LoRA gradients, AdamW's 2 moments
-    resident = sum(p.numel() * p.element_size() for p in model.parameters()) + 3 * 4 * lora_params(model)
     tokens = [sum(len(p[0].prompt_ids) + sum(len(s.completion_ids) for s in p) for p in b) for b in batches]
     return {"micro_batches": len(batches), "tokens": tokens, "peak_beyond_resident_GB": max(peaks) / GB,
-            "resident_GB": resident / GB, "peak_GB": (resident + max(peaks)) / GB, "largest_tensor_GB": largest / GB}
+            "planned_beyond_resident_GB": max(planned) / GB, "resident_GB": resident / GB,
+            "peak_GB": (resident + max(peaks)) / GB, "largest_tensor_GB": largest / GB}
 
 
 def main(argv=None) -> int:
@@ -202,16 +215,21 @@ def main(argv=None) -> int:
         print(f"[learner FLOPs] {key}: {r['PFLOP']:.1f} PFLOP per SPIRAL step at train.py's defaults (formula "
               f"{r['formula_PFLOP']:.1f}); attention calls with a mask: {r['masked_attention_calls']}, with K/V "
               f"repeated to every head: {r['repeated_kv_calls']}", flush=True)
-    budget = train.TrainConfig.micro_batch_tokens
-    cases = {"grouped": (False, budget, True), "grouped_keep_attention_outputs": (True, budget, True),
-             "grouped_split_at_32768": (False, 32_768, True), "per_sample": (False, budget, False),
-             "per_sample_keep_attention_outputs": (True, budget, False)}
-    for key, (keep, tokens, grouped) in cases.items():
-        r = results[f"memory_{key}"] = group_memory(keep, tokens, grouped=grouped)
-        print(f"[learner memory] one aggregation group ({AGGREGATION_PROMPT:,} + 4 x {NEW_TOKENS:,} tokens), "
-              f"{key.replace('_', ' ')}: {r['micro_batches']} micro-batch(es) of {r['tokens']} tokens, peak "
-              f"{r['peak_GB']:.1f} GB ({r['resident_GB']:.1f} GB weights, LoRA and AdamW + "
-              f"{r['peak_beyond_resident_GB']:.1f} GB; largest tensor {r['largest_tensor_GB']:.2f} GB)", flush=True)
+    cases = {"grouped, planned on an 80 GB card": dict(keep_attention_outputs=False),
+             "grouped keeping attention outputs, 80 GB card": dict(keep_attention_outputs=True),
+             "grouped, split at 32,768 tokens": dict(keep_attention_outputs=False, max_tokens=32_768),
+             "grouped, 8,192 new tokens, 80 GB card": dict(keep_attention_outputs=False, new_tokens=8192),
+             "grouped, 8,192 new tokens, 24 GB card": dict(keep_attention_outputs=False, new_tokens=8192, card_GB=24),
+             "per sample": dict(keep_attention_outputs=False, grouped=False),
+             "per sample keeping attention outputs": dict(keep_attention_outputs=True, grouped=False)}
+    for key, kwargs in cases.items():
+        r = results[f"memory: {key}"] = group_memory(**kwargs)
+        new = kwargs.get("new_tokens", NEW_TOKENS)
+        print(f"[learner memory] one aggregation group ({AGGREGATION_PROMPT:,} + 4 x {new:,} tokens), {key}: "
+              f"{r['micro_batches']} micro-batch(es) of {r['tokens']} tokens, peak {r['peak_GB']:.1f} GB "
+              f"({r['resident_GB']:.1f} GB weights, LoRA and AdamW + {r['peak_beyond_resident_GB']:.1f} GB; the "
+              f"plan's count {r['planned_beyond_resident_GB']:.1f} GB; largest tensor {r['largest_tensor_GB']:.2f} "
+              "GB)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"written_by": "learner_cost.py", "device": "meta (counted, not measured)", **results}, f,

@@ -1,26 +1,34 @@
-"""The open GPU figures, most important first, within one device session's budget.
+"""The open GPU figures, most important first, within one device session with room for one rerun.
 
-    python benchmarks/on_gpu.py OUT_DIR                    # the plan below on a CUDA GPU, within --budget-s (570 s)
-    python benchmarks/on_gpu.py OUT_DIR fastgen train      # some steps, in the order given
+    python benchmarks/on_gpu.py OUT_DIR                    # pre-flight, then the plan below on a CUDA GPU (420 s)
+    python benchmarks/on_gpu.py OUT_DIR train fastgen      # some steps, in the order given (a rerun of what failed)
     python benchmarks/on_gpu.py OUT_DIR --toy              # the plan at toy size on a CPU (tests run this)
+
+Pre-flight, before any step and in seconds: CUDA present, and the grouped learner applies on this GPU (a Qwen3 with
+the 4B layer shapes, 2 layers, LoRA r = 32, checkpointing: shared_prompt's probe, then one grouped training step
+with cuDNN attention). Either failing stops on_gpu.py with one line, exit 2, nothing measured or written. No step
+needs math-verify (absent from the GPU machine unless its wheels are carried): the train step's rewards are coin
+flips given to train.py as its own --reward.
 
 The plan, each step a subprocess under its own time limit, started only while the budget leaves it MIN_STEP_S:
   learner  bench.py --only learner: one aggregation group (17.6k + 4 x 4,096 tokens), the per-sample learner and
            the grouped one (shared_prompt.py), each with flash and cuDNN attention, recomputing or keeping the
-           attention outputs: 8 rows of time, peak memory and MFU
+           attention outputs: 8 rows of time, peak memory (and the grouped learner's planned peak) and MFU
+  train    bench.py --only train_py --max-new-tokens 2048: one train.py step (1 problem, 2,048 new tokens,
+           coin-flip rewards, --generation fast, the grouped learner with cuDNN): search, aggregation, learner
   fastgen  decode.py --gpu --skip-checks --shapes search --new-tokens 512: fastgen's decode step at the search shape
-  train    bench.py --only aggregation_call,train_py, one process and one model: the aggregation call train.py
-           plans on this card (13 prompts x 4 at 17.6k prompt tokens, 4,096 new), then one train.py step (1 problem,
-           4,096 new tokens, rewards by seeded coin flips, so the learner trains every trace)
-Only when named: hf (rows 2-4 with the Hugging Face engine at 512 new tokens). The byte table needs no GPU:
-`python benchmarks/decode.py --bytes` anywhere. Beside each measurement the step model's prediction is printed
-(benchmarks/step_model.py, fitted to the H100 session of 2026-11-25).
+Only when named: aggregation (train.py's 13 x 4 aggregation call at 17.6k prompt tokens, 4,096 new) and hf (rows
+2-4 with the Hugging Face engine at 512 new tokens). The byte table needs no GPU: `python benchmarks/decode.py
+--bytes` anywhere. Beside each measurement the step model's prediction is printed (benchmarks/step_model.py, fitted
+to the H100 session of 2026-11-25; the hf rows have none: it models fastgen).
 
-OUT_DIR gets each step's JSON and log, and after every step gpu.json (device, date, commit, command, the plan, per
-step its commands, exit status, seconds and results) and gpu.md (the same as a table). A step that fails or runs out
-of time is recorded as such (it is sent Ctrl-C first, so it writes what it measured) and the next one runs. Ctrl-C
-reaches the running step the same way; on_gpu.py then keeps what was measured and ends with one line, exit 130.
-math-verify must be importable (benchmarks/README.md: carry its wheels to a machine without network).
+Budget (benchmarks/README.md): a 15-minute device session holds a machine's start (~2 minutes), this command
+(pre-flight + 420 s) and one rerun of the longest step (180 s) with a margin. OUT_DIR gets each step's JSON and log,
+and after every step gpu.json (device, date, commit, command, the plan, per step its commands, exit status, seconds,
+results and errors) and gpu.md (the same as a table). A step that fails, records an error in its JSON or runs out
+of time is recorded as such (it is sent Ctrl-C first, so it writes what it measured) and the next one runs; at the
+end on_gpu.py exits 1 naming every step not done and why. Ctrl-C reaches the running step the same way; on_gpu.py
+then keeps what was measured and ends with one line, exit 130.
 """
 
 from __future__ import annotations
@@ -36,16 +44,18 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # checkpoint and cli, imported where needed (torch: seconds)
     sys.path.insert(0, ROOT)
-BUDGET_S = 570  # a 15-minute device session: start-up, this command (at most 10 minutes), a margin
+BUDGET_S = 420  # 15 device minutes: ~2 to start, this command (pre-flight + budget), one rerun of a step, a margin
 MIN_STEP_S = 60  # a step is not started with less time than this left in the budget
 GRACE_S = 20  # after Ctrl-C (or the time limit), seconds a step gets to write its results and its own line
-PLAN = ("learner", "fastgen", "train")
+PLAN = ("learner", "train", "fastgen")
 STEPS = {  # name: (time limit in seconds, what it measures)
-    "learner": (170, "the learner 8 ways on one aggregation group"),
-    "fastgen": (130, "fastgen's decode step, search shape, 512 new tokens"),
-    "train": (420, "train.py's 13 x 4 aggregation call, then one train.py step at 4,096 tokens"),
+    "learner": (150, "the learner 8 ways on one aggregation group"),
+    "train": (180, "one train.py step, 1 problem, 2,048 new tokens"),
+    "fastgen": (90, "fastgen's decode step, search shape, 512 new tokens"),
+    "aggregation": (240, "train.py's 13 x 4 aggregation call, 4,096 new tokens"),
     "hf": (420, "rows 2-4 with the Hugging Face engine, 512 new tokens"),
 }
+GROUPED = ("learner", "train")  # the steps that measure the grouped learner: pre-flight checks that it applies
 
 
 def step_commands(step: str, out: str, toy: bool) -> list[list[str]]:
@@ -59,8 +69,11 @@ def step_commands(step: str, out: str, toy: bool) -> list[list[str]]:
         return [[py, d, "--gpu", "--skip-checks", "--shapes", "search", "--new-tokens", "8" if toy else "512",
                  *size, *json_of]]
     if step == "train":
-        return [[py, b, "--only", "aggregation_call,train_py", "--engine", "fast", "--agg-prompts",
-                 "2" if toy else "13", *size, *json_of]]
+        return [[py, b, "--only", "train_py", "--engine", "fast", "--max-new-tokens", "8" if toy else "2048", *size,
+                 *json_of]]
+    if step == "aggregation":
+        return [[py, b, "--only", "aggregation_call", "--engine", "fast", "--agg-prompts", "2" if toy else "13",
+                 *size, *json_of]]
     if step == "hf":
         return [[py, b, "--only", "generate,aggregation,spiral", "--engine", "hf", "--max-new-tokens",
                  "8" if toy else "512", "--agg-prompts", "2" if toy else "4", "--skip-grpo", *size, *json_of]]
@@ -137,6 +150,9 @@ def read_result(step: str, out: str, record: dict, toy: bool) -> None:
         record["error"] = f"{os.path.relpath(path, out)} unreadable: {str(e)[:300]}"
         record["result_lines"].append(f"[{step}] {record['error']}")
         return
+    errors = recorded_errors(record["result"])
+    if errors:  # a row that failed inside a step that exited 0 is still a failure of the step
+        record["error"] = "; ".join(errors)
     if step == "fastgen" and not toy:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import step_model
@@ -148,6 +164,67 @@ def read_result(step: str, out: str, record: dict, toy: bool) -> None:
                 record["result_lines"].append(f"[fastgen {name}] warm call {r['warm_call_s']:.1f} s, step model "
                                               f"(463a395) {model_s:.1f} s, measured/model "
                                               f"{r['warm_call_s'] / model_s:.2f}")
+
+
+def recorded_errors(result, where: str = "") -> list[str]:
+    """"WHERE: error" for every "error" a step's JSON records, at any depth (a bench.py row, a learner variant)."""
+    if not isinstance(result, dict):
+        return []
+    found = [f"{where or 'result'}: {result['error']}"] if "error" in result else []
+    for key, value in result.items():
+        found += recorded_errors(value, f"{where} {key}".strip()) if key != "error" else []
+    return found
+
+
+def preflight(plan: list[str], toy: bool) -> str | None:
+    """None if the plan can run here, else one line why not: no CUDA; or, for a plan that measures the grouped
+    learner, that learner not applying on this device (shared_prompt.unsupported on a Qwen3 of the 4B layer shapes,
+    2 layers, LoRA r = 32, checkpointing; then one grouped training step with cuDNN attention, which must train)."""
+    import torch
+
+    if not toy and not torch.cuda.is_available():
+        return "no CUDA device (--toy runs every step at toy size on a CPU)"
+    if not any(step in GROUPED for step in plan):
+        return None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    import bench_kit
+    import lora
+    import shared_prompt
+    import spiral
+    import train
+
+    device, dtype = ("cpu", torch.float32) if toy else ("cuda", torch.bfloat16)
+    shape = dict(bench_kit.MODEL_CONFIGS["toy" if toy else "4b"], num_hidden_layers=2)
+    try:
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(Qwen3Config(**shape), dtype=dtype, attn_implementation="sdpa")
+        lora.add_lora(model, rank=32, alpha=32.0)
+        train.enable_gradient_checkpointing(model)
+        why = shared_prompt.unsupported(model)
+        if why:
+            return f"the grouped learner does not apply on this device ({why})"
+        model.train()
+        if shared_prompt.checkpointing_mode(model) != (True, False):  # else the memory plan counts every layer's
+            return "the learner's memory plan does not see the model's activation checkpointing on this version"
+        prompt = list(range(10, 74))
+        group = [spiral.Sample(prompt, list(range(100 + i, 116 + i)), [-10.0] * 16, (-1.0) ** i, "aggregation")
+                 for i in range(2)]
+        metrics = train.accumulate_gradients(model, group, loss_normalizer=32.0, learner="grouped",
+                                             learner_attention="cudnn")
+        if "train/learner_fallback" in metrics:
+            return f"the grouped learner does not apply on this device ({metrics['train/learner_fallback']})"
+        grads = [p.grad for p in lora.lora_parameters(model) if p.grad is not None]
+        if not grads or not all(bool(torch.isfinite(g).all()) for g in grads):
+            return "the grouped learner's training step gave no finite LoRA gradient on this device"
+    except Exception as e:  # noqa: BLE001 - a kernel or an allocation that fails here would fail every step
+        return f"the grouped learner's training step failed on this device: {type(e).__name__}: {str(e)[:200]}"
+    finally:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return None
 
 
 def commit() -> str:
@@ -165,10 +242,12 @@ def write_summary(out: str, summary: dict) -> None:
     with open(os.path.join(out, "gpu.json"), "w") as f:
         json.dump(summary, f, indent=1)
     lines = [f"# GPU figures: {summary['device']}, {summary['date']}, commit {summary['commit']}", "",
-             f"Command: `{summary['command']}` (budget {summary['budget_s']} s)", "",
+             f"Command: `{summary['command']}` (budget {summary['budget_s']} s; pre-flight passed in "
+             f"{summary['preflight_s']} s)", "",
              "| step | exit | seconds | results |", "|---|---|---|---|"]
     for step, r in summary["steps"].items():
-        results = "<br>".join(x.replace("|", "/") for x in r.get("result_lines", [])) or "(see the step's log)"
+        shown = r.get("result_lines", []) + ([f"error: {r['error']}"] if "error" in r else [])
+        results = "<br>".join(x.replace("|", "/") for x in shown) or "(see the step's log)"
         lines.append(f"| {step} | {r['rc']} | {r.get('seconds', '')} | {results} |")
     with open(os.path.join(out, "gpu.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -200,23 +279,26 @@ def parse(argv):
 
 
 def main(argv=None) -> int:
-    summary, out, current = None, None, None
+    summary, out, current, t0 = None, None, None, time.perf_counter()
     try:
         import cli
         import torch
 
         try:
             args = parse(argv)
-            if not args.toy and not torch.cuda.is_available():
-                raise cli.ConfigError("no CUDA device (--toy runs every step at toy size on a CPU)")
+            plan = args.steps or list(PLAN)
+            why = preflight(plan, args.toy)
+            if why:
+                raise cli.ConfigError(why if why.startswith("no CUDA") else f"pre-flight: {why}")
         except cli.ConfigError as exc:
             print(f"on_gpu.py: error: {exc}", file=sys.stderr)
             return 2
+        preflight_s = time.perf_counter() - t0
         os.makedirs(args.out, exist_ok=True)
         out, start = os.path.abspath(args.out), time.perf_counter()
-        plan = args.steps or list(PLAN)
         summary = {"device": torch.cuda.get_device_name() if not args.toy else "cpu (toy)",
                    "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(), "budget_s": args.budget_s,
+                   "preflight_s": round(preflight_s, 1),
                    "command": shlex.join([os.path.relpath(sys.argv[0], ROOT)]
                                          + (argv if argv is not None else sys.argv[1:])),
                    "plan": {s: STEPS[s][1] for s in plan}, "steps": {}}
@@ -241,10 +323,15 @@ def main(argv=None) -> int:
                                                      if summary is not None else "nothing was measured"),
               file=sys.stderr)
         return 130
-    failed = [s for s, r in summary["steps"].items() if r["rc"] != 0 or "error" in r]
-    print(f"on_gpu.py: wrote {os.path.join(args.out, 'gpu.json')} and gpu.md"
-          + (f"; not done: {', '.join(failed)}" if failed else ""))
-    return 1 if failed else 0
+    write_summary(out, summary)  # a step skipped last is in it too
+    failed = {s: r for s, r in summary["steps"].items() if r["rc"] != 0 or "error" in r}
+    print(f"on_gpu.py: wrote {os.path.join(args.out, 'gpu.json')} and gpu.md", flush=True)
+    if failed:
+        why = "; ".join(f"{s} ({'exit ' if isinstance(r['rc'], int) else ''}{r['rc']}"
+                        + (f": {r['error'][:200]}" if "error" in r else "") + ")" for s, r in failed.items())
+        print(f"on_gpu.py: error: not done: {why}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -124,6 +124,81 @@ def test_on_gpu_takes_steps_before_and_after_its_options(tmp_path):
         assert args.steps == ["fastgen", "learner"] and args.toy
 
 
+def test_the_plan_leaves_room_for_one_rerun_in_15_device_minutes():
+    """A device session: ~2 minutes to start a machine, this command (a pre-flight of well under a minute, then the
+    budget), one rerun of the longest step of the plan, and a margin for transfers."""
+    on_gpu = load("on_gpu")
+    limits = [on_gpu.STEPS[s][0] for s in on_gpu.PLAN]
+    assert sum(limits) <= on_gpu.BUDGET_S
+    assert 120 + 60 + on_gpu.BUDGET_S + 60 + max(limits) + 60 <= 15 * 60
+
+
+def _stand_in(on_gpu, monkeypatch, scripts):
+    """Each step of the plan replaced by a Python one-liner (`scripts`: step -> code, run with OUT as argv[1])."""
+    monkeypatch.setattr(on_gpu, "preflight", lambda plan, toy: None)
+    monkeypatch.setattr(on_gpu, "step_commands",
+                        lambda step, out, toy: [[sys.executable, "-c", scripts[step], out]])
+
+
+def test_a_step_that_fails_or_records_an_error_makes_on_gpu_exit_1_naming_it(tmp_path, monkeypatch, capsys):
+    """bench.py recorded a failed row in its JSON and exited 0 (the train.py step without math-verify did): that
+    step is not done; nor is one that exits non-zero. The steps after each still run, and gpu.md keeps them."""
+    on_gpu = load("on_gpu")
+    write = ("import json, os, sys; json.dump({content}, open(os.path.join(sys.argv[1], '{step}.json'), 'w')); "
+             "print('[{step}] done')")
+    _stand_in(on_gpu, monkeypatch, {
+        "learner": write.format(step="learner", content={"learner": {"grouped_flash": {"seconds": 2.0}}}),
+        "train": write.format(step="train", content={"train_py": {"error": "train.main exited 2"}}),
+        "fastgen": "import sys; print('[fastgen] kernel failed'); sys.exit(3)"})
+    out = tmp_path / "figures"
+    assert on_gpu.main([str(out), "--toy"]) == 1
+    err = capsys.readouterr().err
+    assert err == "on_gpu.py: error: not done: train (exit 0: train_py: train.main exited 2); fastgen (exit 3)\n"
+    summary = json.loads((out / "gpu.json").read_text())
+    assert list(summary["steps"]) == ["learner", "train", "fastgen"] and "error" not in summary["steps"]["learner"]
+    assert summary["steps"]["train"]["error"] == "train_py: train.main exited 2"
+    assert "| train | 0 |" in (out / "gpu.md").read_text() and "error: train_py: train.main exited 2" in \
+        (out / "gpu.md").read_text()
+    assert on_gpu.main([str(tmp_path / "again"), "--toy", "learner"]) == 0  # all done: exit 0
+
+
+def test_pre_flight_stops_in_one_line_before_any_step(tmp_path, monkeypatch, capsys):
+    """The grouped learner not applying, or its training step failing on the device, stops on_gpu.py before any
+    step runs or OUT is made; a plan that measures no grouped learner does not build the model at all."""
+    import shared_prompt
+    import train
+
+    on_gpu = load("on_gpu")
+    monkeypatch.setattr(on_gpu, "step_commands", lambda *a: pytest.fail("a step ran"))
+    monkeypatch.setattr(shared_prompt, "unsupported", lambda model: "its log-probs differ by up to 0.5")
+    assert on_gpu.main([str(tmp_path / "a"), "--toy"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("on_gpu.py: error: pre-flight: the grouped learner does not apply on this device (its log-probs "
+                   "differ by up to 0.5)\n") and not (tmp_path / "a").exists()
+    monkeypatch.setattr(shared_prompt, "unsupported", lambda model: "")
+    monkeypatch.setattr(shared_prompt, "checkpointing_mode", lambda model: (False, False))
+    assert on_gpu.main([str(tmp_path / "c"), "--toy"]) == 2
+    assert capsys.readouterr().err == ("on_gpu.py: error: pre-flight: the learner's memory plan does not see the "
+                                       "model's activation checkpointing on this version\n")
+    monkeypatch.undo()
+    monkeypatch.setattr(on_gpu, "step_commands", lambda *a: pytest.fail("a step ran"))
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph.")
+
+    monkeypatch.setattr(train, "accumulate_gradients", failing)
+    assert on_gpu.main([str(tmp_path / "b"), "--toy", "train"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("on_gpu.py: error: pre-flight: the grouped learner's training step failed on this device: "
+                          "RuntimeError: cuDNN") and err.count("\n") == 1 and not (tmp_path / "b").exists()
+    assert on_gpu.preflight(["fastgen"], toy=True) is None  # no grouped step: nothing to check beyond the device
+
+
+def test_pre_flight_passes_where_the_grouped_learner_trains():
+    on_gpu = load("on_gpu")
+    assert on_gpu.preflight(list(on_gpu.PLAN), toy=True) is None
+
+
 # A stand-in step: says it started, then sleeps; on Ctrl-C it writes its own last line, as bench.py does.
 CHILD = ("import sys, time\nprint('[child] started', flush=True)\ntry:\n    time.sleep(60)\n"
          "except KeyboardInterrupt:\n    print('[child] interrupted; results so far saved', flush=True)\n"
@@ -183,7 +258,7 @@ def test_on_gpu_runs_its_plan_at_toy_size_on_cpu(tmp_path):
     proc = run("benchmarks/on_gpu.py", str(out), "--toy", timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "gpu.json").read_text())
-    assert list(summary["steps"]) == ["learner", "fastgen", "train"]
+    assert list(summary["steps"]) == ["learner", "train", "fastgen"] and summary["preflight_s"] > 0
     assert all(r["rc"] == 0 and r["seconds"] > 0 for r in summary["steps"].values())
     assert summary["device"] == "cpu (toy)" and summary["commit"] and "--toy" in summary["command"]
     learner = summary["steps"]["learner"]["result"]["learner"]
@@ -192,7 +267,10 @@ def test_on_gpu_runs_its_plan_at_toy_size_on_cpu(tmp_path):
     assert all(r["seconds"] > 0 and "error" not in r for r in learner.values() if isinstance(r, dict))
     assert summary["steps"]["fastgen"]["result"]["rows"]["search_8"]["tokens_per_s"] > 0
     train = summary["steps"]["train"]["result"]
-    assert train["aggregation_call"]["prompts_per_call"] == [2] and train["aggregation_call"]["tokens_generated"] > 0
     assert train["train_py"]["samples_trained"] > 0 and train["train_py"]["learner_s"] > 0
     markdown = (out / "gpu.md").read_text()
     assert summary["commit"] in markdown and all(f"| {s} | 0 |" in markdown for s in summary["steps"])
+    aggregation = run("benchmarks/on_gpu.py", str(tmp_path / "named"), "--toy", "aggregation", timeout=1200)
+    assert aggregation.returncode == 0, aggregation.stdout[-3000:] + aggregation.stderr[-3000:]
+    call = json.loads((tmp_path / "named" / "gpu.json").read_text())["steps"]["aggregation"]["result"]
+    assert call["aggregation_call"]["prompts_per_call"] == [2] and call["aggregation_call"]["tokens_generated"] > 0

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import rollout
 import train
-from logprobs import TokenBatch, completion_logprobs, position_ids_from_mask
+from logprobs import TokenBatch, completion_logprobs, pack_micro_batches, position_ids_from_mask
 import lora
 
 
@@ -126,7 +126,7 @@ def test_importance_sampling_loss_formula():
 @settings(max_examples=50, deadline=None)
 @given(lengths=st.lists(st.integers(1, 50), max_size=20), max_tokens=st.integers(1, 120))
 def test_pack_micro_batches(lengths, max_tokens):
-    batches = train.pack_micro_batches(lengths, max_tokens)
+    batches = pack_micro_batches(lengths, max_tokens)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= max_tokens

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import checkpoint
 import lora
 import rollout
 import shared_prompt
@@ -233,13 +234,26 @@ def test_a_model_the_grouped_path_does_not_fit_trains_per_sample(tiny, monkeypat
     assert shared_prompt.unsupported(model) == ""
     samples = _random_groups(3)
     model.zero_grad(set_to_none=True)
-    train.accumulate_gradients(model, samples, loss_normalizer=5.0)
+    assert "train/learner_fallback" not in train.accumulate_gradients(model, samples, loss_normalizer=5.0)
     reference = _grads(model, ["default"])
     model._shared_prompt_probe = "its log-probs differ by up to 0.5"  # the probe's cached verdict
     monkeypatch.setattr(shared_prompt, "grouped_logprobs", lambda *a, **k: pytest.fail("grouped path used"))
     model.zero_grad(set_to_none=True)
-    train.accumulate_gradients(model, samples, loss_normalizer=5.0)
+    metrics = train.accumulate_gradients(model, samples, loss_normalizer=5.0)
+    assert metrics["train/learner_fallback"] == "per-sample: its log-probs differ by up to 0.5"  # names why
     _assert_grads_close(_grads(model, ["default"]), reference)
+    assert "train/learner_fallback" not in train.accumulate_gradients(model, samples, loss_normalizer=5.0,
+                                                                      learner="per-sample")  # asked for: no fallback
+
+
+def test_train_py_says_once_that_the_grouped_learner_does_not_apply_and_logs_why_every_step(tmp_path, monkeypatch,
+                                                                                           capsys):
+    monkeypatch.setattr(shared_prompt, "unsupported", lambda model: "its layers are ['sliding_attention']")
+    assert train.main(["--preset", "tiny", "--steps", "2", "--no-plot", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("--learner grouped does not apply to this model (its layers are ['sliding_attention'])") == 1
+    rows = checkpoint.read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
+    assert [r["train/learner_fallback"] for r in rows] == ["per-sample: its layers are ['sliding_attention']"] * 2
 
 
 def test_the_probe_refuses_sliding_windows_and_a_wrong_layout(tiny, monkeypatch):
@@ -262,3 +276,157 @@ def test_the_probe_refuses_sliding_windows_and_a_wrong_layout(tiny, monkeypatch)
 def test_the_demo_trains_grouped(tiny):
     assert train.resolve_config({"preset": "tiny"}).learner == "grouped"
     assert shared_prompt.unsupported(copy.deepcopy(tiny[0])) == ""
+
+
+def test_parts_go_into_micro_batches_largest_first_so_fewer_forward_calls_are_made():
+    """Parts of 3, 3, 7 and 7 tokens under a 10-token budget: largest first packs 7 + 3 twice (2 micro-batches);
+    in their order of arrival 3 + 3, 7, 7 would take 3."""
+    groups = [[spiral.Sample([g], [1] * (L - 1), [0.0] * (L - 1), 1.0, "search")] for g, L in enumerate([3, 3, 7, 7])]
+    batches = shared_prompt.pack_groups(groups, 10)
+    assert sorted(sorted(_cost(part) for part in b) for b in batches) == [[3, 7], [3, 7]]
+
+
+def test_sharing_prompts_restores_the_attention_setting_when_its_block_raises(tiny):
+    model = copy.deepcopy(tiny[0])
+    before = model.config._attn_implementation
+    with pytest.raises(RuntimeError, match="out of memory"):
+        with shared_prompt.sharing_prompts(model):
+            assert model.config._attn_implementation == shared_prompt.NAME
+            raise RuntimeError("CUDA out of memory")  # what a learner's micro-batch may raise
+    assert model.config._attn_implementation == before != shared_prompt.NAME
+
+
+def _with_empty_completions(seed):
+    """_random_groups with some completions emptied, and one group whose every completion is empty."""
+    samples = _random_groups(seed, max_groups=3, max_size=3)
+    for i, s in enumerate(samples):
+        if i % 3 == 1:
+            s.completion_ids, s.sampler_logprobs = [], []
+    return samples + [spiral.Sample([7, 8, 9], [], [], 0.7, "aggregation"),
+                      spiral.Sample([7, 8, 9], [], [], -0.4, "aggregation")]
+
+
+@pytest.mark.parametrize("budget", [1, 12, 10_000])
+def test_empty_completions_train_in_the_grouped_learner_as_in_the_per_sample_learner(tiny, budget):
+    """An empty completion has no token to predict: both learners count it as a trained sample with nothing in the
+    loss, including a micro-batch that holds only empty completions (budget 1: every sample its own)."""
+    model = _lora_model(tiny, seed=6)
+    samples = _with_empty_completions(8)
+    results = {}
+    for learner in ("grouped", "per-sample"):
+        model.zero_grad(set_to_none=True)
+        metrics = train.accumulate_gradients(model, samples, learner=learner, loss_normalizer=11.0,
+                                             micro_batch_tokens=budget, chunk_size=3)
+        results[learner] = metrics, _grads(model, ["default"])
+    (m_shared, g_shared), (m_alone, g_alone) = results["grouped"], results["per-sample"]
+    assert m_shared == pytest.approx(m_alone, rel=1e-5, abs=1e-7)
+    assert m_shared["train/samples_trained"] == len(samples)
+    _assert_grads_close(g_shared, g_alone)
+    assert sum(float(g.abs().sum()) for g in g_shared) > 0
+
+
+def test_an_empty_prompt_is_refused_by_both_learners_alike(tiny):
+    """The per-sample learner refuses a completion with no token before it; the grouped one the same way, never
+    predicting its first token from whatever precedes it in the packed row (another group's last token)."""
+    model = _lora_model(tiny, seed=7)
+    samples = _random_groups(9, max_groups=2) + [spiral.Sample([], [11, 12], [-3.0, -3.0], 1.0, "search")]
+    messages = set()
+    for learner in ("grouped", "per-sample"):
+        with pytest.raises(ValueError, match="no context to be predicted from") as raised:
+            train.accumulate_gradients(model, samples, learner=learner, loss_normalizer=3.0, micro_batch_tokens=10_000)
+        messages.add(str(raised.value))
+    assert len(messages) == 1
+
+
+def test_groups_split_by_memory_train_as_the_per_sample_learner(tiny, monkeypatch):
+    """On a CPU memory is not planned unless a budget is given (here: a stand-in for the GPU's free memory small
+    enough that groups must split); the two learners still agree."""
+    model = _lora_model(tiny, seed=8)
+    samples = _random_groups(21, max_groups=3, max_size=4)
+    memory = shared_prompt.LearnerMemory.of(model, 3)
+    groups = shared_prompt.group_by_prompt(samples)
+    largest = max(groups, key=len)
+    free = memory.fixed + memory.part_bytes(largest[:2])  # two completions of the largest group fit, not all of it
+    planned = shared_prompt.plan(model, groups, None, free, 3)
+    assert len([p for b in planned for p in b if p[0].prompt_ids == largest[0].prompt_ids]) > 1  # split
+    assert all(memory.peak_bytes(b) <= free or len(b) == 1 and len(b[0]) == 1 for b in planned)
+    monkeypatch.setattr(shared_prompt, "free_learner_memory", lambda device: free)
+    results = {}
+    for learner in ("grouped", "per-sample"):
+        model.zero_grad(set_to_none=True)
+        metrics = train.accumulate_gradients(model, samples, learner=learner, loss_normalizer=7.0, chunk_size=3)
+        results[learner] = metrics, _grads(model, ["default"])
+    assert results["grouped"][0] == pytest.approx(results["per-sample"][0], rel=1e-5, abs=1e-7)
+    _assert_grads_close(results["grouped"][1], results["per-sample"][1])
+
+
+def _learner_cost():
+    """benchmarks/learner_cost.py: the meta-device count of the learner's memory the plan follows."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    if "learner_cost" not in sys.modules:
+        path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "learner_cost.py"
+        spec = importlib.util.spec_from_file_location("learner_cost", path)
+        sys.modules["learner_cost"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["learner_cost"])
+    return sys.modules["learner_cost"]
+
+
+def test_at_the_4b_shape_an_8192_token_aggregation_group_stays_whole_on_80_gb_and_splits_on_24_gb():
+    """Qwen3-4B built from its config on the meta device (no weights), LoRA r = 32, checkpointing: the aggregation
+    group of `--max-new-tokens 8192` (17,596 + 4 x 8,192 tokens) is one micro-batch when the card has 80 GB, several
+    on a 24 GB card; every planned micro-batch's peak, counted by learner_cost.py, fits the memory the plan was
+    given, and the plan's count is at most the head's chunk above it."""
+    lc = _learner_cost()
+    model = lc.build(checkpointing=True)
+    group = [spiral.Sample([5] * lc.AGGREGATION_PROMPT, [6] * 8192, [-1.0] * 8192, 1.0, "aggregation")
+             for _ in range(4)]
+    resident = lc.resident_bytes(model)
+    memory = shared_prompt.LearnerMemory.of(model)
+    plans = {}
+    for card_GB in (80, 24):
+        free = int(shared_prompt.LEARNER_MEMORY_FRACTION * (card_GB * 1e9 - resident))
+        plans[card_GB] = shared_prompt.plan(model, [group], None, free)
+        shapes = {tuple((len(p[0].prompt_ids), tuple(len(s.completion_ids) for s in p)) for p in b): b
+                  for b in plans[card_GB]}
+        for parts in shapes.values():  # micro-batches of one shape peak alike: counted once
+            counted = lc.train_parts(model, parts).peak
+            assert counted <= memory.peak_bytes(parts) <= free
+            assert memory.peak_bytes(parts) <= counted + memory.fixed + 5e6
+    assert [[len(part) for part in b] for b in plans[80]] == [[4]]  # the whole group: its prompt once
+    assert len(plans[24]) > 1 and all(len(b) == 1 for b in plans[24])
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_memory_plan_counts_what_the_meta_device_counts_at_the_4b_shape(keep):
+    """LearnerMemory against learner_cost.py's count at the 4B shape, several groups packed in one micro-batch,
+    checkpointing recomputing or keeping the attention outputs: beyond its fixed part (the head's chunk, where
+    small micro-batches peak) within 0.1 % of the count, and with it never below."""
+    lc = _learner_cost()
+    model = lc.build(checkpointing=True, keep_attention_outputs=keep)
+    parts = [[spiral.Sample([5] * 9000, [6] * L, [-1.0] * L, 1.0, "aggregation") for L in (3000, 1200)],
+             [spiral.Sample([7] * 1031, [6] * 2500, [-1.0] * 2500, 1.0, "search") for _ in range(3)]]
+    memory = shared_prompt.LearnerMemory.of(model)
+    counted = lc.train_parts(model, parts).peak
+    assert abs(memory.peak_bytes(parts) - memory.fixed - counted) <= 1e-3 * counted
+    assert counted <= memory.peak_bytes(parts)
+
+
+def test_the_memory_plan_reads_the_checkpointing_train_py_set(tiny):
+    model = _lora_model(tiny, checkpointing=False)
+    assert shared_prompt.checkpointing_mode(model) == (False, False)
+    for keep in (False, True):
+        model = _lora_model(tiny, keep_attention_outputs=keep)
+        assert shared_prompt.checkpointing_mode(model) == (True, keep)
+        assert shared_prompt.checkpointing_mode(model.eval()) == (False, False)  # no checkpointing outside training
+
+
+def test_the_free_memory_is_cuda_s_free_and_cached_memory_less_a_margin_and_none_elsewhere(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * 10**9, 80 * 10**9))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * 10**9)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 3 * 10**9)
+    assert shared_prompt.free_learner_memory("cuda") == int(shared_prompt.LEARNER_MEMORY_FRACTION * 12 * 10**9)
+    assert shared_prompt.LEARNER_MEMORY_FRACTION < 1
+    assert shared_prompt.free_learner_memory("cpu") is None
