@@ -117,8 +117,9 @@ def validate(cfg, resume_flag: str = "--resume") -> list:
         need(not isinstance(value, float) or math.isfinite(value), f.name, value, "a finite number")
     check_seed(cfg.seed)
     check_temperature(cfg.temperature)
-    num_sets = math.comb(cfg.num_search, cfg.set_size) if all_sets and cfg.set_size <= cfg.num_search else \
-        cfg.num_sets if not all_sets else 1
+    # K as a number: C(N1, n) for --num-sets all (1 while n > N1, which the check below refuses)
+    num_sets = (math.comb(cfg.num_search, cfg.set_size) if cfg.set_size <= cfg.num_search else 1) if all_sets \
+        else cfg.num_sets
     traces = (cfg.num_search + (num_sets * cfg.num_aggregations if aggregator == "model" else 0)
               if cfg.algo == "spiral" else cfg.group_size)
     for name, ok, what in [
