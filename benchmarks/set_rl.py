@@ -30,6 +30,10 @@ OUT.png:
     python benchmarks/set_rl.py --jobs 2                           # tiny_parts6: grid, 7 arms x 5 seeds, tables
     python benchmarks/set_rl.py --task countdown --jobs 2          # the task where sets stay imperfect
     python benchmarks/set_rl.py --seeds 0,1 --steps 2 --limit 10 --runs-dir runs/set_rl_try   # a quick try
+    python benchmarks/set_rl.py --arms spiral,none --lr 2e-3 --seeds 0,1,2,3 --jobs 2   # a subset, one stated rate
+
+--arms runs a subset of the arms (the report compares the pairs present); --lr gives every arm one rate and skips the
+grid (the report says so: a rate given, not chosen on the validation split).
 
 Outputs: OUT.{md,json,png} (default runs/set_rl/<task>/set_rl); runs, logs and evaluations under --runs-dir
 (default runs/set_rl/<task>). Every output is checked before anything runs.
@@ -89,6 +93,16 @@ GRID_KS = (1, 2, 4, 8)
 CROSS_ARMS = ("base", "spiral", "own", "grpo")  # search traces of one x aggregator of another, per seed
 RSA_P, RSA_K, RSA_STEPS = 8, 4, 3  # the paper's RSA: population 8, sets of 4
 SAMPLES = 16  # search traces per problem: pass@k and majority@k for k = 1..16
+
+
+def parse_arms(parser, text: str) -> list[str]:
+    """--arms: known, distinct arms in ARMS' order; parser.error (one line, exit 2) otherwise."""
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in names if a not in ARMS]
+    if not names or unknown or len(set(names)) != len(names):
+        parser.error(f"--arms {text!r}: expected distinct names from {', '.join(ARMS)}"
+                     + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+    return [a for a in ARMS if a in names]
 
 
 def arm_flags(arm: str, task: Task) -> list[str]:
@@ -202,6 +216,8 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=100, help="held-out evaluation problems (default 100)")
     parser.add_argument("--runs-dir", help="default runs/set_rl/TASK")
     parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default all: {','.join(ARMS)})")
+    parser.add_argument("--lr", type=float, help="one learning rate for every arm, no grid (default: the grid's rule)")
     parser.add_argument("--no-cross", action="store_true", help="skip the cross-aggregation pairs")
     parser.add_argument("--stop-after", choices=("grid", "train"),
                         help="stop after the learning-rate grid, or after training every run (no evaluation)")
@@ -216,6 +232,11 @@ def main(argv=None) -> int:
     seeds = runner.parse_seeds(parser, args.seeds)
     if (args.steps is not None and args.steps < 1) or args.limit < 1 or args.jobs < 1:
         parser.error("--steps, --limit and --jobs must be positive")
+    arms = parse_arms(parser, args.arms)
+    if args.lr is not None and not 0 < args.lr < 1:
+        parser.error(f"--lr {args.lr:g}: expected a rate in (0, 1)")
+    if args.lr is not None and args.stop_after == "grid":
+        parser.error("--stop-after grid with --lr: there is no grid to stop after")
     runs_dir = args.runs_dir or os.path.join("runs", "set_rl", args.task)
     out = args.out or os.path.join(runs_dir, "set_rl")
     os.chdir(REPO)
@@ -227,21 +248,25 @@ def main(argv=None) -> int:
         runner.fail("set_rl.py", why)
     os.makedirs(os.path.join(runs_dir, "eval"), exist_ok=True)
     try:
-        grid = grid_runs(task, args.steps, runs_dir)
-        _train(grid, args, runs_dir)
-        scores = evaluate_grid(task, grid, runs_dir, args.limit)
-        rates, why_rates = choose_rates(scores)
-        print(f"set_rl.py: learning-rate grid on the validation split: {json.dumps(scores)}; {why_rates}",
-              file=sys.stderr)
-        if rates is None:  # a grid for every arm, the rule of the docstring
-            rest = grid_runs(task, args.steps, runs_dir, [a for a in ARMS if a not in GRID_ARMS])
-            _train(rest, args, runs_dir)
-            scores |= evaluate_grid(task, rest, runs_dir, args.limit)
-            rates = {arm: max(by_lr, key=by_lr.get) for arm, by_lr in scores.items()}
+        if args.lr is not None:  # one stated rate: no grid
+            scores, rates = {}, {arm: args.lr for arm in ARMS}
+            why_rates = f"no grid: every arm at --lr {args.lr:g}, a rate given, not chosen on the validation split"
+        else:
+            grid = grid_runs(task, args.steps, runs_dir)
+            _train(grid, args, runs_dir)
+            scores = evaluate_grid(task, grid, runs_dir, args.limit)
+            rates, why_rates = choose_rates(scores)
+            print(f"set_rl.py: learning-rate grid on the validation split: {json.dumps(scores)}; {why_rates}",
+                  file=sys.stderr)
+            if rates is None:  # a grid for every arm, the rule of the docstring
+                rest = grid_runs(task, args.steps, runs_dir, [a for a in arms if a not in GRID_ARMS])
+                _train(rest, args, runs_dir)
+                scores |= evaluate_grid(task, rest, runs_dir, args.limit)
+                rates = {arm: max(by_lr, key=by_lr.get) for arm, by_lr in scores.items()}
         if args.stop_after == "grid":
             return 0
-        runs = {arm: [make_run(arm, rates[arm], s, task, args.steps, runs_dir) for s in seeds] for arm in ARMS}
-        _train([run for arm in ARMS for run in runs[arm]], args, runs_dir)
+        runs = {arm: [make_run(arm, rates[arm], s, task, args.steps, runs_dir) for s in seeds] for arm in arms}
+        _train([run for arm in arms for run in runs[arm]], args, runs_dir)
         if args.stop_after == "train":
             return 0
         for call in evaluation_calls(task, runs, runs_dir, args.limit, not args.no_cross).values():
@@ -254,7 +279,9 @@ def main(argv=None) -> int:
 
     steps = args.steps or task.steps
     header = (f"<!-- written by benchmarks/set_rl.py --task {args.task} --seeds {','.join(map(str, seeds))} --steps "
-              f"{steps} --limit {args.limit}{' --no-cross' if args.no_cross else ''} -->")
+              f"{steps} --limit {args.limit}{' --no-cross' if args.no_cross else ''}"
+              f"{'' if arms == list(ARMS) else ' --arms ' + ','.join(arms)}"
+              f"{'' if args.lr is None else f' --lr {args.lr:g}'} -->")
     set_rl_report.write(out, header, task, runs, scores, rates, why_rates, load_evaluations(runs_dir), seeds)
     return 0
 

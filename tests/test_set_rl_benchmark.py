@@ -89,7 +89,12 @@ def test_help_typos_and_bad_outputs_run_nothing(tmp_path, nothing_runs, capsys):
     for argv, message in ((["--sedes", "1"], "unrecognized arguments: --sedes"),
                           (["--seeds", "0"], "--seeds needs at least 2 distinct seeds"),
                           (["--task", "sums"], "invalid choice: 'sums'"),
-                          (["--out", "/proc/x/set_rl"], "--out '/proc/x/set_rl': /proc is not writable")):
+                          (["--out", "/proc/x/set_rl"], "--out '/proc/x/set_rl': /proc is not writable"),
+                          (["--arms", "spiral,gpro"], "(unknown: gpro)"),
+                          (["--arms", "spiral,spiral"], "expected distinct names"),
+                          (["--arms", ","], "expected distinct names"),
+                          (["--lr", "0"], "--lr 0: expected a rate in (0, 1)"),
+                          (["--lr", "2e-3", "--stop-after", "grid"], "no grid to stop after")):
         with pytest.raises(SystemExit) as exit_info:
             set_rl.main(argv)
         assert exit_info.value.code == 2
@@ -120,6 +125,16 @@ def test_a_run_with_other_settings_stops_the_script_before_any_work(tmp_path, no
     assert exit_info.value.code == 2
     _one_line(capsys, "set_rl.py", "own-lr1e-03-s0 exists and cannot be reused")
     assert _snapshot(runs) == before
+
+
+def test_arms_and_one_rate_train_only_those_arms_and_no_grid(tmp_path, monkeypatch):
+    trained = []
+    monkeypatch.setattr(set_rl, "_train", lambda runs, args, runs_dir: trained.append([r.name for r in runs]))
+    monkeypatch.setattr(set_rl, "evaluate_grid", lambda *a: pytest.fail("the grid ran although --lr was given"))
+    code = set_rl.main(["--arms", "none,spiral", "--lr", "2e-3", "--seeds", "0,1", "--stop-after", "train",
+                        "--runs-dir", str(tmp_path / "r"), "--out", str(tmp_path / "t")])
+    assert code == 0
+    assert trained == [["spiral-lr2e-03-s0", "spiral-lr2e-03-s1", "none-lr2e-03-s0", "none-lr2e-03-s1"]]
 
 
 def test_runs_trained_by_named_other_code_are_reused_only_when_named(tmp_path):
@@ -235,11 +250,13 @@ def test_tables_and_figure_from_finished_runs_and_stand_in_evaluations(tmp_path,
                 _fake_run(runs_dir / run.name, run.flags, 0)
                 (runs_dir / run.name / "metrics.jsonl").write_text(
                     "".join(json.dumps(r) + "\n" for r in _metrics(arm, seed, steps)))
-    calls = []
+    calls, real_run = [], runner.subprocess.run
 
     def fake_evaluate(cmd, *args, **kwargs):
         if cmd[0] == "git":  # the report names the commit its tables were written at
             return type("Done", (), {"returncode": 0, "stdout": "abc1234\n"})()
+        if "evaluate.py" not in " ".join(cmd):  # matplotlib's first use in a fresh environment runs fc-list
+            return real_run(cmd, *args, **kwargs)
         calls.append(cmd)
         out = cmd[cmd.index("--out") + 1]
         os.makedirs(os.path.dirname(out), exist_ok=True)
