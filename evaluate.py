@@ -95,7 +95,7 @@ PRESETS = {
         rsa_populations=[4, 8], rsa_set_size=4, rsa_steps=3, max_tokens_list=[4, 8, 12],
         micro_batch_size=128),  # on a CPU, batches of ~1,000 short sequences spill the caches (benchmarks/)
     "tiny_parts": dict(  # the second CPU task (tiny_parts.py); a trace is 14 tokens ("352 + 416 = \\boxed{768}")
-        model=tiny_parts.WARM_START_DIR, data=tiny_parts.HELDOUT_FILE, limit=100, temperature=1.0,  # never trained on
+        model=tiny_parts.WARM_START_DIR, data=tiny_parts.HELDOUT_FILE, limit=100, temperature=1.0,  # not RL's
         majority_subsets=32, num_samples=8, max_new_tokens=16, majority_max_new_tokens=16,
         rsa_populations=[4, 8], rsa_set_size=4, rsa_steps=3, max_tokens_list=[16], micro_batch_size=128),
     "tiny_parts6": dict(  # its 6-digit variant; a trace is 23 tokens; held-out problems as tiny_parts

@@ -3,9 +3,9 @@
 Every cell is mean ± sample sd [min, max] over seeds (the warm start: its one value); OUT.json holds each cell's
 values per seed. Each comparison of two arms on a headline measure gives Welch's p, the paired p (seed i against
 seed i), the smallest difference the seeds detect (stats.detectable, 80% power, 5% level) and a verdict:
-"A ahead" / "B ahead" (Welch p < 0.05), "no difference detected" (the headroom left, 1 - the better mean, is at
-least the detectable difference), or "untestable at the ceiling" (it is not: no outcome could have shown the
-worse arm ahead).
+"A ahead" / "B ahead" (Welch p < 0.05), "no difference detected" (the headroom left, 1 - the better mean, is more
+than the detectable difference), or "untestable at the ceiling" (it is not, two arms at 1.0 on every seed included:
+no outcome could have shown the worse arm ahead).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def verdict(a: list[float], b: list[float], names: tuple[str, str], ceiling: flo
     headroom = ceiling - max(mean_a, mean_b)
     if p_welch < 0.05:
         said = f"{names[0] if mean_a > mean_b else names[1]} ahead"
-    elif headroom < smallest:
+    elif headroom <= smallest:  # both at 1.0 on every seed: 0 <= 0, nothing could have differed
         said = "untestable at the ceiling"
     else:
         said = "no difference detected"

@@ -180,6 +180,8 @@ def test_verdicts_say_ahead_no_difference_or_untestable_at_the_ceiling():
     assert ceiling["verdict"] == "untestable at the ceiling" and ceiling["headroom"] < ceiling["detectable"]
     middle = report.verdict([0.50, 0.51, 0.52], [0.505, 0.515, 0.51], ("a", "b"))
     assert middle["verdict"] == "no difference detected" and middle["headroom"] >= middle["detectable"]
+    # both arms at 1.0 on every seed: nothing could have differed (headroom 0 = detectable 0)
+    assert report.verdict([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], ("a", "b"))["verdict"] == "untestable at the ceiling"
 
 
 def test_parts_of_training_with_two_steps_are_each_one_step():
