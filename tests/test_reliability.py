@@ -394,7 +394,8 @@ checkpoint.append_metrics = torn_append
 sys.exit(train.main({argv!r}))"""
     with open(tmp_path / "stderr", "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
-    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 90
+    # generous: the loop ends as soon as step 2's line is torn; a busy 2-core machine needed more than 90 s to get there
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 600
     try:
         while time.monotonic() < deadline and proc.poll() is None and not (
                 metrics.exists() and '{"step": 2' in metrics.read_text()):
