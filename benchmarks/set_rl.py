@@ -216,8 +216,8 @@ def main(argv=None) -> int:
     seeds = runner.parse_seeds(parser, args.seeds)
     if (args.steps is not None and args.steps < 1) or args.limit < 1 or args.jobs < 1:
         parser.error("--steps, --limit and --jobs must be positive")
-    runs_dir = args.runs_dir or os.path.join("runs", "set_rl", args.task)
-    out = args.out or os.path.join(runs_dir, "set_rl")
+    runs_dir = runner.user_path(args.runs_dir) or os.path.join("runs", "set_rl", args.task)  # defaults: the checkout's
+    out = runner.user_path(args.out) or os.path.join(runs_dir, "set_rl")
     os.chdir(REPO)
     writes = rf"({'|'.join(ARMS)})-lr\de-\d\d-s\d+(\.log)?|eval|validation\.jsonl"
     if os.path.abspath(os.path.dirname(out) or ".") == os.path.abspath(runs_dir):
