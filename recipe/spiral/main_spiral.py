@@ -185,8 +185,9 @@ def check_task(config) -> None:
         rows = read_rows(config, key)
         if rows is None:
             continue
+        default_grader = not config.reward.custom_reward_function.get("path")  # verl's default_compute_score
         for i, row in enumerate(rows):
-            why = verl_task.layout_problem(row, prompt_key)
+            why = verl_task.layout_problem(row, prompt_key) or verl_task.gold_problem(row, default_grader)
             if why:
                 raise verl_task.TaskError(f"data.{key} row {i}: {why} (the rows the recipe reads: "
                                           "recipe/spiral/verl_task.py)")
