@@ -12,7 +12,9 @@ trl_spiral.py (--reward) and SpiralGRPOTrainer (reward_funcs, in TRL's signature
 
 A reward must return a finite real number for every completion, the empty one included (a model may stop at once):
 `load_reward` imports it and probes it on one problem with the empty completion before any training work, and
-`checked` checks every value during training. Either failure is a RewardError of one line.
+`checked` checks every value during training. Either failure is a RewardError of one line, and so is a value the loss
+would overflow on (|r| > MAX_REWARD) or a sys.exit inside the reward; a numpy bool counts as 0 or 1, a reward's
+os.chdir is undone after its call, and a user's reward.py or task.py (MODULE:FUNCTION) is theirs, not the project's.
 """
 
 from __future__ import annotations
