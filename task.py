@@ -111,7 +111,7 @@ def _load_file(path: str):
     return module
 
 
-MAX_REWARD = 1e15  # |r| above this overflows the loss: advantages x sequence log-probs pass float32's 3.4e38
+MAX_REWARD = 1e15  # far above any task's reward, far below float32's 3.4e38 once multiplied by a sequence's log-prob
 
 
 def reward_value(value) -> float | None:
@@ -119,9 +119,11 @@ def reward_value(value) -> float | None:
     included (np.bool_, what `np.array(...) == x` gives), counts as 0 or 1."""
     if getattr(getattr(value, "dtype", None), "kind", None) == "b" and getattr(value, "shape", None) == ():
         value = bool(value)  # numpy's bool (np.True_, a 0-d bool array) is not a numbers.Real
-    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)) or abs(float(value)) > MAX_REWARD:
+    try:
+        number = float(value) if isinstance(value, numbers.Real) else math.nan
+    except OverflowError:  # an int past float's range (10**400)
         return None
-    return float(value)
+    return number if abs(number) <= MAX_REWARD else None  # nan and +-inf fail it too
 
 
 def checked(function: RewardFn, name: str) -> RewardFn:

@@ -118,7 +118,7 @@ def test_numpy_bools_are_0_or_1_and_values_that_overflow_the_loss_are_refused():
     assert task.checked(lambda p, c: np.array(3) == 3, "f")(problem, "") == 1.0
     assert task.checked(lambda p, c: np.bool_(False), "f")(problem, "") == 0.0
     assert task.checked(lambda p, c: -task.MAX_REWARD, "f")(problem, "") == -task.MAX_REWARD
-    for value in (1e308, -1e16, np.float64(1e300)):
+    for value in (1e308, -1e16, np.float64(1e300), 10**400):
         with pytest.raises(task.RewardError, match="on problem 7; expected a finite number of at most 1e\\+15"):
             task.checked(lambda p, c: value, "f")(problem, "")
     with pytest.raises(task.RewardError, match="returned array"):  # an array is still not a number
