@@ -10,8 +10,9 @@ verl's own main_ppo with three additions:
                             other than it says (config/spiral_trainer.yaml sets them all)
        check_data_files     the local data files are there
        check_task           the prompt cap holds the aggregation prompt; every row is in a layout the recipe reads
-                            (verl_task.py); the problems that fit (spiral.max_prompt_tokens, as train.py's
-                            --max-prompt-tokens); a run length verl's loop honours (verl_spiral.run_length_problem);
+                            (verl_task.py), its gold answer one the reward can read (verl_task.gold_problem); the
+                            problems that fit (spiral.max_prompt_tokens, as train.py's --max-prompt-tokens); a run
+                            length verl's loop honours (verl_spiral.run_length_problem);
                             reward.custom_reward_function loads and grades the first row
        set_ray_cpus         below
        validate_config      verl's own
