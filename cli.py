@@ -382,7 +382,7 @@ def _check_out(cfg) -> None:
         raise ConfigError("--out is empty; expected a JSON file path")
     why = None if os.path.lexists(cfg.out) else checkpoint.unwritable(cfg.out)  # first: a name too long makes
     if why:                                                                     # pathlib's exists() raise
-        raise ConfigError(f"--out {cfg.out}: {why}")
+        raise ConfigError(f"--out: cannot write {cfg.out} ({why})")
     out, png = Path(cfg.out), Path(cfg.out).with_suffix(".png")
     if out.is_dir() or out.suffix == ".png":
         raise ConfigError(f"--out {out}: expected a JSON file path (the PNG goes next to it)")
