@@ -328,13 +328,16 @@ def foreign_entries(out_dir: str) -> list[str]:
 
 
 def unwritable(path: str) -> str | None:
-    """Why a run could not create or write `path`: the nearest existing ancestor must be a directory in which a file
-    can really be created (os.access says yes to root everywhere, /proc included, so this creates and deletes one)."""
+    """Why a run could not create or write `path`: a name too long (room kept for a run's .lock and .tmp<pid>), or no
+    directory to create it in where a file really can be (os.access says yes to root everywhere, /proc included)."""
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
         return f"{probe} is not a directory"
+    name, limit = max(os.path.abspath(path)[len(probe):].split(os.sep), key=len), os.pathconf(probe, "PC_NAME_MAX")
+    if len(name.encode()) > limit - 16:
+        return f"a name of {len(name.encode())} bytes; this file system allows {limit}, less 16 for a run's suffixes"
     try:
         fd, name = tempfile.mkstemp(dir=probe, prefix=".write-test-")
         os.close(fd)
@@ -346,9 +349,7 @@ def unwritable(path: str) -> str | None:
 
 def out_path_problem(path: str) -> str | None:
     """Why `path` cannot be an output path: empty, or not writable (see unwritable)."""
-    if not path or not path.strip():
-        return "an empty path; expected a directory"
-    return unwritable(path)
+    return "an empty path; expected a directory" if not path or not path.strip() else unwritable(path)
 
 
 # One writer per run directory: an exclusive flock on the directory itself, held while the process runs. The kernel

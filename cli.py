@@ -134,6 +134,10 @@ def validate(cfg, resume_flag: str = "--resume") -> list:
             ("weight_decay", cfg.weight_decay >= 0, ">= 0"), ("max_grad_norm", cfg.max_grad_norm >= 0, ">= 0"),
             ("weight_decay", cfg.lr * cfg.weight_decay < 1, "below 1 / --lr (AdamW scales weights by 1 - lr x wd)")]:
         need(ok, name, getattr(cfg, name), what)
+    if getattr(cfg, "keep_attention_outputs", False) and not cfg.gradient_checkpointing:  # else nothing to keep
+        raise ConfigError("--keep-attention-outputs chooses what gradient checkpointing keeps, and it is off (this "
+                          "preset, or --no-gradient-checkpointing): add --gradient-checkpointing or drop the flag "
+                          "(--no-keep-attention-outputs)")
     if cfg.dtype not in ("auto", *rollout.DTYPES):  # argparse checks the flag; this, a resumed config.json
         raise ConfigError(f"--dtype {cfg.dtype}: expected auto, bfloat16 or float32")
     search_advantage = getattr(cfg, "search_advantage", "set")  # trl_spiral.py's config may not have the field
@@ -376,6 +380,9 @@ def _check_out(cfg) -> None:
     """--out must be a new file or an earlier result of this script, in a writable directory (before generating)."""
     if not cfg.out.strip():
         raise ConfigError("--out is empty; expected a JSON file path")
+    why = None if os.path.lexists(cfg.out) else checkpoint.unwritable(cfg.out)  # first: a name too long makes
+    if why:                                                                     # pathlib's exists() raise
+        raise ConfigError(f"--out: cannot write {cfg.out} ({why})")
     out, png = Path(cfg.out), Path(cfg.out).with_suffix(".png")
     if out.is_dir() or out.suffix == ".png":
         raise ConfigError(f"--out {out}: expected a JSON file path (the PNG goes next to it)")

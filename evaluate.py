@@ -503,6 +503,7 @@ def run(cfg) -> int:
         raise UsageError(f"cannot load --data {cfg.data}: {e}") from None
     if not problems:
         raise UsageError(f"--data {cfg.data} holds no problems")
+    cfg.out, cfg.cache_dir = os.path.abspath(cfg.out), os.path.abspath(cfg.cache_dir)  # a reward's chdir moves none
     reward_fn = cli.task_reward(cfg.reward, problems)  # --reward: imported and probed on one problem now
     if reward_fn is not None and cfg.method == "all":
         print("evaluate.py: --reward: majority@k left out (it votes on \\boxed{} answers compared by math-verify, "

@@ -55,7 +55,14 @@ class Columns:
             if role in mapping:
                 raise ValueError(f"{text!r}: {role} is mapped twice")
             mapping[role] = column
-        return cls(**mapping)
+        columns = cls(**mapping)
+        roles = {"problem": columns.problem, "answer": columns.answer, "id": columns.id}
+        for role, column in roles.items():  # answer=question would train with the problem as its own gold answer
+            other = next((r for r, c in roles.items() if c == column and r != role), None)
+            if other:
+                raise ValueError(f"{text!r}: column {column!r} is mapped to both {role} and {other} (a mapped role "
+                                 "keeps its default column otherwise); give each role its own column")
+        return columns
 
     def __str__(self) -> str:
         return f"problem={self.problem},answer={self.answer},id={self.id}"

@@ -74,6 +74,17 @@ def extract_answer(text: str) -> str | None:
     return answer or None
 
 
+_HASH_ANSWER = re.compile(r"####\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)")
+
+
+def hash_answer(text: str) -> str | None:
+    """gsm8k's final answer: the number after the last "####" ("... #### 72"), commas and a $ dropped, as verl's
+    gsm8k scorer (verl/utils/reward_score/gsm8k.py, strict) reads a completion, and as gsm8k's answer column ends.
+    None without one."""
+    found = _HASH_ANSWER.findall(text) if isinstance(text, str) else []
+    return found[-1].replace(",", "") if found else None
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Unicode math and hedges: plain string rules, applied before math-verify sees an answer
 

@@ -12,13 +12,16 @@ trl_spiral.py (--reward) and SpiralGRPOTrainer (reward_funcs, in TRL's signature
 
 A reward must return a finite real number for every completion, the empty one included (a model may stop at once):
 `load_reward` imports it and probes it on one problem with the empty completion before any training work, and
-`checked` checks every value during training. Either failure is a RewardError of one line.
+`checked` checks every value during training. Either failure is a RewardError of one line, and so is a value the loss
+would overflow on (|r| > MAX_REWARD) or a sys.exit inside the reward; a numpy bool counts as 0 or 1, a reward's
+os.chdir is undone after its call, and a user's reward.py or task.py (MODULE:FUNCTION) is theirs, not the project's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import math
 import numbers
@@ -52,21 +55,11 @@ def load_reward(spec: str) -> RewardFn:
         if module_name.endswith(".py") or os.sep in module_name:
             if not os.path.isfile(module_name):
                 raise RewardError(f"--reward {spec}: no such file {module_name}")
-            name = "spiral_reward_" + hashlib.sha256(os.path.abspath(module_name).encode()).hexdigest()[:16]
-            module = sys.modules.get(name)  # loaded once per process, as an import is (a judge model loads once)
-            if module is None:
-                loader_spec = importlib.util.spec_from_file_location(name, module_name)
-                module = importlib.util.module_from_spec(loader_spec)
-                sys.modules[name] = module  # as an import would: pickling and dataclasses look it up there
-                try:
-                    loader_spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[name]
-                    raise
+            module = _load_file(module_name)
         else:
             if "" not in sys.path and os.getcwd() not in sys.path:  # `python train.py` puts the script's directory
                 sys.path.append(os.getcwd())                        # first; the user's module is where they are
-            module = importlib.import_module(module_name)
+            module = _users_module(spec, module_name) or importlib.import_module(module_name)
     except RewardError:
         raise
     except ModuleNotFoundError as exc:
@@ -85,19 +78,72 @@ def load_reward(spec: str) -> RewardFn:
     return function
 
 
+def _users_module(spec: str, module_name: str):
+    """The user's own MODULE from the current directory when the project has a module of that name (reward.py,
+    task.py): `import reward` would find the project's. Loaded under a private name, as a PATH.py reward; a package
+    (MODULE.SUB) of such a name is a RewardError. None when there is no clash."""
+    top = module_name.partition(".")[0]
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.realpath(os.getcwd()) == os.path.realpath(here) or not os.path.isfile(os.path.join(here, f"{top}.py")):
+        return None
+    found = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+    if found is None:
+        return None
+    if top != module_name or found.submodule_search_locations is not None:
+        raise RewardError(f"--reward {spec}: {top} is both your package and one of this project's modules "
+                          f"({top}.py); rename yours, or name the file: --reward PATH.py:FUNCTION")
+    return _load_file(found.origin)
+
+
+def _load_file(path: str):
+    """The module in the file `path`, loaded once per process under a name of its own (a judge model loads once)."""
+    name = "spiral_reward_" + hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:16]
+    module = sys.modules.get(name)
+    if module is None:
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[name] = module  # as an import would: pickling and dataclasses look it up there
+        try:
+            loader_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return module
+
+
+MAX_REWARD = 1e15  # far above any task's reward, far below float32's 3.4e38 once multiplied by a sequence's log-prob
+
+
+def reward_value(value) -> float | None:
+    """`value` as a reward, or None when it is not one: a finite real number with |r| <= MAX_REWARD; a bool, numpy's
+    included (np.bool_, what `np.array(...) == x` gives), counts as 0 or 1."""
+    if getattr(getattr(value, "dtype", None), "kind", None) == "b" and getattr(value, "shape", None) == ():
+        value = bool(value)  # numpy's bool (np.True_, a 0-d bool array) is not a numbers.Real
+    try:
+        number = float(value) if isinstance(value, numbers.Real) else math.nan
+    except OverflowError:  # an int past float's range (10**400)
+        return None
+    return number if abs(number) <= MAX_REWARD else None  # nan and +-inf fail it too
+
+
 def checked(function: RewardFn, name: str) -> RewardFn:
-    """`function` with every value checked: a finite real number (a bool counts as 0 or 1), returned as a float;
-    anything else, or an exception inside it, is a RewardError naming `name` and the problem."""
+    """`function` with every value checked (reward_value), returned as a float; anything else, or an exception
+    inside it (sys.exit included: a reward cannot end the run with exit 0), is a RewardError naming `name` and the
+    problem. The working directory is the run's again after each call (a reward's os.chdir moves nothing)."""
 
     def reward_fn(problem: Problem, completion: str) -> float:
+        cwd = os.getcwd()
         try:
             value = function(problem, completion)
-        except Exception as exc:  # noqa: BLE001 - the user's code: one line names it and the problem
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code: one line names it and the problem
             raise RewardError(f"the reward {name} raised {_first_line(exc)} on problem {_label(problem)}") from None
-        if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        finally:
+            if os.getcwd() != cwd:  # a reward that changed directory: the run's relative paths stay the user's
+                os.chdir(cwd)
+        if reward_value(value) is None:
             raise RewardError(f"the reward {name} returned {value!r} on problem {_label(problem)}; expected a finite "
-                              "number")
-        return float(value)
+                              f"number of at most {MAX_REWARD:g} in size (larger ones overflow the loss)")
+        return reward_value(value)
 
     reward_fn.__name__ = getattr(function, "__name__", name)
     return reward_fn

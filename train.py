@@ -40,24 +40,28 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
-import torch
-from torch.nn.attention import sdpa_kernel
+try:  # Ctrl-C while torch imports (20-40 s on a cold start): one line, as anywhere else in a run
+    import numpy as np
+    import torch
+    from torch.nn.attention import sdpa_kernel
 
-import checkpoint
-import cli
-import fastgen
-import figures
-import rollout
-import setsample
-import shared_prompt
-import spiral
-import task
-import tiny
-import tiny_parts
-from cli import ConfigError, validate
-from logprobs import attention_kept_contexts, learner_attention_backends, unwrap
-from lora import TARGET_MODULES, add_lora, adapter_names, export_adapters, lora_parameters, replace_dir, use_adapter
+    import checkpoint
+    import cli
+    import fastgen
+    import figures
+    import rollout
+    import setsample
+    import shared_prompt
+    import spiral
+    import task
+    import tiny
+    import tiny_parts
+    from cli import ConfigError, validate
+    from logprobs import attention_kept_contexts, learner_attention_backends, unwrap
+    from lora import TARGET_MODULES, add_lora, adapter_names, export_adapters, lora_parameters, replace_dir, use_adapter
+except KeyboardInterrupt:
+    print("train.py: interrupted while starting; nothing was written", file=sys.stderr)
+    sys.exit(130)
 
 # ----------------------------------------------------------------------------------------------------------------------
 # 1. Configuration: one dataclass; each field's help is its --help text
@@ -557,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             saved = checkpoint.saved_config(explicit["out"])  # None: validate says "no checkpoint"
         cfg = resolve_config(explicit, saved)
         problems = validate(cfg)
+        cfg.out = os.path.abspath(cfg.out)  # before the reward runs: its os.chdir cannot move the run's files
         reward_fn = cli.task_reward(cfg.reward, problems)  # --reward: imported and probed on one problem now
         checkpoint.lock_run_dir(cfg.out)  # one writer: a second train.py on OUT stops here, having written nothing
         train(cfg, problems, reward_fn)

@@ -128,7 +128,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                            epilog="\n".join(__doc__.split("\n\n")[1:]),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated training seeds (default 0,1,2,3,4)")
-    parser.add_argument("--runs-dir", default="runs/reproduce", help="where the runs, evaluation and report go")
+    parser.add_argument("--runs-dir", help="where the runs, evaluation and report go (default runs/reproduce in the "
+                        "checkout)")
     parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
     parser.add_argument("--overwrite", action="store_true",
                         help="train again the runs in --runs-dir that cannot be reused or resumed (other settings "
@@ -138,6 +139,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "in benchmarks/")
     args = parser.parse_args(argv)
     args.seeds = runner.parse_seeds(parser, args.seeds)
+    args.runs_dir = "runs/reproduce" if args.runs_dir is None else runner.user_path(args.runs_dir)  # main() chdirs
     if args.jobs < 1:
         parser.error(f"--jobs must be a positive integer, got {args.jobs}")
     return args

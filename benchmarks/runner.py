@@ -45,6 +45,12 @@ def fail(who: str, message: str, code: int = 2):
     sys.exit(code)
 
 
+def user_path(path: str | None) -> str | None:
+    """A path from the command line, absolute against the user's working directory (the scripts then os.chdir to
+    the checkout, where train.py and evaluate.py run); None or an empty one as it is (a default, or refused)."""
+    return os.path.abspath(path) if path and path.strip() else path
+
+
 # What train.py --overwrite renames a run directory to until the new run's first checkpoint (checkpoint.move_aside)
 MOVED_ASIDE = r"\.old-\d{8}-\d{6}(-\d+)?"
 

@@ -142,14 +142,16 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated training seeds (default 0,1,2,3,4)")
     parser.add_argument("--steps", type=int, help="training steps per run (default: the preset's, 30)")
     parser.add_argument("--limit", type=int, default=50, help="evaluation problems (default 50)")
-    parser.add_argument("--runs-dir", default="runs/second_task")
+    parser.add_argument("--runs-dir", help="default runs/second_task (in the checkout)")
     parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
     parser.add_argument("--overwrite", action="store_true",
                         help="train again the runs in --runs-dir that hold other settings or code; finished runs "
                              "are reused, stopped ones resumed, with or without it")
-    parser.add_argument("--out", default="runs/second_task/second_task",
-                        help="prefix of the .md, .json and .png (the shipped result: benchmarks/second_task)")
+    parser.add_argument("--out", help="prefix of the .md, .json and .png (default runs/second_task/second_task in "
+                        "the checkout; the shipped result: benchmarks/second_task)")
     args = parser.parse_args(argv)
+    args.runs_dir = "runs/second_task" if args.runs_dir is None else runner.user_path(args.runs_dir)  # the user's
+    args.out = "runs/second_task/second_task" if args.out is None else runner.user_path(args.out)  # paths: their cwd
     seeds = runner.parse_seeds(parser, args.seeds)
     if (args.steps is not None and args.steps < 1) or args.limit < 1 or args.jobs < 1:
         parser.error("--steps, --limit and --jobs must be positive integers")

@@ -237,8 +237,8 @@ def main(argv=None) -> int:
         parser.error(f"--lr {args.lr:g}: expected a rate in (0, 1)")
     if args.lr is not None and args.stop_after == "grid":
         parser.error("--stop-after grid with --lr: there is no grid to stop after")
-    runs_dir = args.runs_dir or os.path.join("runs", "set_rl", args.task)
-    out = args.out or os.path.join(runs_dir, "set_rl")
+    runs_dir = runner.user_path(args.runs_dir) or os.path.join("runs", "set_rl", args.task)  # defaults: the checkout's
+    out = runner.user_path(args.out) or os.path.join(runs_dir, "set_rl")
     os.chdir(REPO)
     writes = rf"({'|'.join(ARMS)})-lr\de-\d\d-s\d+(\.log)?|eval|validation\.jsonl"
     if os.path.abspath(os.path.dirname(out) or ".") == os.path.abspath(runs_dir):

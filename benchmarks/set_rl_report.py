@@ -457,3 +457,9 @@ def write(out: str, header: str, task, runs, scores, rates, why_rates, evaluatio
              "bands: min-max over seeds")
     if figure(runs, rows_by_arm, evaluations, probe_cells, f"{out}.png", title):
         print(f"set_rl.py: wrote {out}.md, .json and .png")
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import cli
+
+    cli.library_main(__doc__, "set_rl_report.py", "set_rl.py uses")

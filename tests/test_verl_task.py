@@ -168,6 +168,30 @@ def test_a_row_in_verl_s_gsm8k_layout_runs_with_verl_s_own_grader(tokenizer):
     assert [r.extra_fields["spiral_reward"] for r in rows[N1:]] == [float(0 in G) for G in sets_K_n for _ in range(N2)]
 
 
+def test_a_gsm8k_row_with_the_shipped_yaml_s_reward_is_graded_on_its_hashes(tokenizer):
+    """The shipped YAML's r (recipe/spiral/reward_fn.py) on verl's gsm8k rows: a right '#### 1' scores 1, as verl's
+    own gsm8k scorer gives it (issue 40: the \\boxed{} grader scored every one 0.0, silently)."""
+    config = composed("data.max_prompt_length=200", "spiral.max_prompt_tokens=150")
+    assert config.reward.custom_reward_function.path == "pkg://recipe.spiral.reward_fn"
+    rows, _ = run_agent_loop(tokenizer, {0}, config, row=gsm8k_row(), server=Hashes(tokenizer, {0}))
+    sets_K_n = [rows[N1 + l * N2].extra_fields["set_members"] for l in range(K)]
+    assert [r.extra_fields["spiral_reward"] for r in rows[N1:]] == [float(0 in G) for G in sets_K_n for _ in range(N2)]
+    assert any(0 in G for G in sets_K_n)
+
+
+def test_a_worked_gold_answer_is_refused_for_verl_s_default_scorer_and_read_by_the_shipped_one(tmp_path):
+    """gsm8k's answer column as the gold ('48 clips.\\n#### 1'): verl's default_compute_score would compare it whole
+    (every answer 0), so it is refused in one line; the shipped reward_fn and a user's function read it."""
+    rows = [gsm8k_row(index=i, reward_model={"style": "rule", "ground_truth": "48 clips.\n#### 1"}) for i in range(4)]
+    budget = ("spiral.max_prompt_tokens=150", "data.max_prompt_length=200")
+    why = checked(tmp_path, rows, "reward.custom_reward_function.path=null", *budget)
+    assert why.startswith("data.train_files row 0: reward_model.ground_truth '48 clips.\\n#### 1'... is a worked "
+                          "solution") and "\n" not in why
+    assert checked(tmp_path, rows, *budget) is None
+    assert checked(tmp_path, [gsm8k_row(index=i) for i in range(4)], "reward.custom_reward_function.path=null",
+                   *budget) is None  # verl's own rows: the number alone
+
+
 @pytest.mark.parametrize("change, key", [
     ({"reward_model": {"style": "rule"}}, "reward_model.ground_truth"),
     ({"prompt": "What is 1 + 1?"}, "'prompt' is not chat messages"),

@@ -10,8 +10,9 @@ verl's own main_ppo with three additions:
                             other than it says (config/spiral_trainer.yaml sets them all)
        check_data_files     the local data files are there
        check_task           the prompt cap holds the aggregation prompt; every row is in a layout the recipe reads
-                            (verl_task.py); the problems that fit (spiral.max_prompt_tokens, as train.py's
-                            --max-prompt-tokens); a run length verl's loop honours (verl_spiral.run_length_problem);
+                            (verl_task.py), its gold answer one the reward can read (verl_task.gold_problem); the
+                            problems that fit (spiral.max_prompt_tokens, as train.py's --max-prompt-tokens); a run
+                            length verl's loop honours (verl_spiral.run_length_problem);
                             reward.custom_reward_function loads and grades the first row
        set_ray_cpus         below
        validate_config      verl's own
@@ -185,8 +186,9 @@ def check_task(config) -> None:
         rows = read_rows(config, key)
         if rows is None:
             continue
+        default_grader = not config.reward.custom_reward_function.get("path")  # verl's default_compute_score
         for i, row in enumerate(rows):
-            why = verl_task.layout_problem(row, prompt_key)
+            why = verl_task.layout_problem(row, prompt_key) or verl_task.gold_problem(row, default_grader)
             if why:
                 raise verl_task.TaskError(f"data.{key} row {i}: {why} (the rows the recipe reads: "
                                           "recipe/spiral/verl_task.py)")

@@ -29,6 +29,7 @@ import sys
 import checkpoint
 import cli
 import problemset
+import reward
 import rollout
 import tiny  # noqa: F401 - registers the tiny preset's problem set, tiny_sums
 
@@ -37,14 +38,33 @@ MARK = b"recipe.spiral.prepare_data"  # the schema's written_by: a file this scr
 
 def rows(name: str, split: str, columns: problemset.Columns | None = None) -> list[dict]:
     """verl's rows for the problem set `name` (bundled name, JSONL file or Hub id: problemset.load_problems, a file's
-    columns named by `columns`)."""
+    columns named by `columns`), the gold answers as gold_answers reads them."""
     label = os.path.splitext(os.path.basename(name))[0]
+    problems = problemset.load_problems(name, None if own_columns(name) else columns)
+    golds = gold_answers([p.answer for p in problems], f"--{split} {name}")
     return [{"data_source": f"spiral/{label}",
              "prompt": [{"role": "user", "content": rollout.search_prompt(p.problem)}],
              "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": p.answer},
+             "reward_model": {"style": "rule", "ground_truth": gold},
              "extra_info": {"split": split, "index": i, "problem": p.problem}}
-            for i, p in enumerate(problemset.load_problems(name, None if own_columns(name) else columns))]
+            for i, (p, gold) in enumerate(zip(problems, golds))]
+
+
+def gold_answers(answers: list[str], source: str) -> list[str]:
+    """The gold answers to write: gsm8k's worked solution ("... #### 72", its answer column) becomes the number after
+    "####", said in one line; an answer that still looks like a worked solution (several lines, a \\boxed{} inside,
+    over 200 characters) is kept and said in one line on stderr: the grader compares a trace's answer with all of it."""
+    numbers = [reward.hash_answer(a) for a in answers]
+    if any(numbers):
+        print(f"prepare_data.py: {source}: {sum(map(bool, numbers))} of {len(answers)} gold answers are gsm8k worked "
+              "solutions ('... #### 72'); each gold answer is the number after '####'")
+    golds = [number or answer for number, answer in zip(numbers, answers)]
+    worked = [i for i, a in enumerate(golds) if "\n" in a.strip() or "\\boxed" in a or len(a) > 200]
+    if worked:
+        print(f"warning: prepare_data.py: {source}: {len(worked)} of {len(golds)} gold answers look like worked "
+              f"solutions (row {worked[0]}: {golds[worked[0]][:40]!r}...), and a trace's answer is compared with the "
+              "whole text: map --data-columns answer= to a column holding only the final answer", file=sys.stderr)
+    return golds
 
 
 def own_columns(name: str) -> bool:

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
-import numbers
 from dataclasses import dataclass
 
+import reward
 import rollout
+import task
 
 
 class TaskError(ValueError):
@@ -56,6 +56,19 @@ def layout_problem(row: dict, prompt_key: str) -> str | None:
     problem = extra_info.get("problem") if isinstance(extra_info, dict) else None
     if problem is not None and not isinstance(problem, str):
         return f"extra_info.problem is {type(problem).__name__}, not text"
+    return None
+
+
+def gold_problem(row: dict, default_grader: bool) -> str | None:
+    """Why verl's default_compute_score (no reward.custom_reward_function.path) cannot grade `row`, or None: a gold
+    answer that is gsm8k's worked solution ("... #### 72"), which it compares whole with the trace's answer, so a
+    right answer scores 0. The shipped reward_fn and a function of your own see the row as it is."""
+    gold = str((row.get("reward_model") or {}).get("ground_truth"))
+    if default_grader and reward.hash_answer(gold) is not None and gold.strip() != reward.hash_answer(gold):
+        return (f"reward_model.ground_truth {gold[:40]!r}... is a worked solution, and verl's default_compute_score "
+                "(reward.custom_reward_function.path null) compares it whole: write the number after '####' as the "
+                "gold answer (verl's gsm8k preprocessing does), or set reward.custom_reward_function "
+                "(pkg://recipe.spiral.reward_fn reads it)")
     return None
 
 
@@ -179,13 +192,13 @@ def reward_function(config):
 
 
 def score_value(result) -> float:
-    """A reward function's result as a float: a number (a bool counts as 0 or 1, as in task.py), or a dict's "score"
-    (verl's convention)."""
-    value = result.get("score") if isinstance(result, dict) else result
-    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise TaskError(f"reward.custom_reward_function returned {result!r}: not a finite number or a dict with "
-                        "'score'")
-    return float(value)
+    """A reward function's result as a float: a number as task.py takes one (task.reward_value: finite, at most
+    task.MAX_REWARD in size, a bool or numpy bool as 0 or 1), or a dict's "score" (verl's convention)."""
+    value = task.reward_value(result.get("score") if isinstance(result, dict) else result)
+    if value is None:
+        raise TaskError(f"reward.custom_reward_function returned {result!r}: not a finite number of at most "
+                        f"{task.MAX_REWARD:g} in size, or a dict with 'score'")
+    return value
 
 
 async def score(fn, *, data_source, solution_str: str, ground_truth, extra_info) -> float:
