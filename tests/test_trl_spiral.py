@@ -132,8 +132,14 @@ def test_trl_s_own_columns_are_logged_next_to_spiral_s(trainer, scripted):
     assert len(rewards) == 2 * 4 and 0 < np.mean(rewards) < 1
     assert metrics["reward"] == [pytest.approx(np.mean(rewards))]
     assert metrics["rewards/aggregation_reward/mean"] == metrics["reward"]
-    assert metrics["reward_std"] == [pytest.approx(np.std(rewards))]
+    assert metrics["reward_std"] == [pytest.approx(np.std(rewards, ddof=1))]  # the sample std, as TRL's nanstd
+    sets_N2 = np.array(rewards).reshape(-1, 2)  # the aggregation traces come set by set: zero std within a set
+    assert metrics["frac_reward_zero_std"] == [pytest.approx(np.mean(sets_N2.std(axis=1) == 0))]
     assert metrics["completions/mean_length"] == [pytest.approx(np.mean([len(s.completion_ids) for s in samples]))]
+    eos = rollout.eos_token_ids(trainer.model, trainer.processing_class)
+    ended = [len(s.completion_ids) for s in samples if s.completion_ids[-1] in eos] or [0]
+    assert (metrics["completions/mean_terminated_length"], metrics["completions/max_terminated_length"]) == (
+        [pytest.approx(np.mean(ended))], [max(ended)])
     assert metrics["num_tokens"][0] >= sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     assert len(metrics["entropy"]) == 1 and metrics["entropy"][0] > 0
 
