@@ -276,6 +276,10 @@ def test_resume_takes_a_larger_max_steps_and_refuses_another_spiral_setting(tmp_
     hotter = dataclasses.replace(saved, temperature=0.5, resume=True)
     with pytest.raises(trl_spiral.cli.ConfigError, match="temperature = 0.5 differs from the run's 1.0"):
         trl_spiral.resume_checkpoint(hotter, latest)
+    for setting, value in [("reward", "my_task.py:crc"), ("search_advantage", "own"), ("data_columns", "problem=q")]:
+        other = dataclasses.replace(saved, **{setting: value}, resume=True)  # another task or line 13: another run
+        with pytest.raises(trl_spiral.cli.ConfigError, match=f"{setting} = {value} differs from the run's"):
+            trl_spiral.resume_checkpoint(other, latest)
     with pytest.raises(trl_spiral.checkpoint.CheckpointError, match="written by 1 processes, this run has 2"):
         trl_spiral.resume_checkpoint(longer, SimpleNamespace(resume_from_checkpoint="true", world_size=2))
     state_file = tmp_path / "run" / "checkpoint-2" / trl_spiral.STATE_FILE  # written by 2 processes, resumed by 1

@@ -130,6 +130,7 @@ def _another(value):
     ("importance_sampling_level", "sequence"), ("generation_kwargs", '{"top_p": 0.9}'),
     ("chat_template_kwargs", '{"enable_thinking": false}'), ("num_train_epochs", "2"), ("delta", "1.5"),
     ("label_smoothing_factor", "0.1"), ("eval_strategy", "steps"), ("sync_ref_model", "true"),
+    ("top_k", "50"), ("top_p", "0.95"), ("min_p", "0.05"), ("repetition_penalty", "1.1"),  # plain sampling only
 ])
 def test_a_trl_flag_that_would_be_ignored_is_refused_in_one_line(flag, value, tmp_path, capsys):
     out = tmp_path / "run"
@@ -496,6 +497,20 @@ def test_every_column_of_the_file_reaches_the_trainer_s_dataset(tmp_path, tiny):
     trainer = trl_spiral.build_trainer(cfg, args, model, tokenizer, problems)
     assert trainer.train_dataset["note"] == [None, "late"] and trainer.train_dataset["id"] == ["7", "b"]
     assert [p.id for p in trainer._redraw.problems] == ["7", "b"]
+
+
+def test_the_trl_prompt_is_the_mapped_problem_column_a_chat_prompt_as_the_file_holds_it(tmp_path, tiny):
+    """--data_columns problem=q with a chat prompt in q: TRL's `prompt` column (what the reward functions get as
+    prompts, and completions in chat format with it) is that message list, not the text SPIRAL's prompts are built
+    from."""
+    data = tmp_path / "d.jsonl"
+    chat = [{"role": "user", "content": "What is 1 + 1?"}]
+    data.write_text(2 * (json.dumps({"q": chat, "problem": "a column of the same name", "answer": "2"}) + "\n"))
+    cfg, args, problems = trl_spiral.resolve(SMALL + ["--dataset_name", str(data), "--data_columns", "problem=q",
+                                                      "--output_dir", str(tmp_path / "r")])
+    model, tokenizer = tiny
+    trainer = trl_spiral.build_trainer(cfg, args, model, tokenizer, problems)
+    assert trainer.train_dataset["prompt"] == [chat, chat] and trainer._redraw.problems[0].problem == "What is 1 + 1?"
 
 
 def test_a_spiral_config_and_a_grpo_config_that_disagree_are_refused(tiny, tmp_path):
