@@ -59,10 +59,11 @@ import task
 import train
 import trl_args
 import trl_rewards
+import trl_run
 from lora import TARGET_MODULES, write_json_atomic
 from problemset import Columns, Problem, problem_from_record
 from rollout import Completion
-from trl_args import STATE_FILE, read_spiral_states, resume_checkpoint  # noqa: F401 - trl_spiral.STATE_FILE
+from trl_run import STATE_FILE, read_spiral_states, resume_checkpoint  # noqa: F401 - trl_spiral.STATE_FILE
 
 try:
     import peft
@@ -391,7 +392,7 @@ def resolve(argv) -> tuple[train.TrainConfig, GRPOConfig, list[Problem]]:
         raise cli.ConfigError(f"needs trl and peft ({MISSING}); pip install trl=={TESTED_WITH['trl']} "
                               f"peft=={TESTED_WITH['peft']}")
     _, args, cfg = trl_args.parse_args(argv)
-    trl_args.check_resume_path(args.resume_from_checkpoint, cfg.out)
+    trl_run.check_resume_path(args.resume_from_checkpoint, cfg.out)
     if args.reward_weights is not None and len(args.reward_weights) != 1:
         raise cli.ConfigError(f"--reward_weights {args.reward_weights}: one weight per reward function, and "
                               "trl_spiral.py has one (--reward, or the math grader)")

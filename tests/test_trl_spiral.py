@@ -360,6 +360,24 @@ def test_trl_flags_and_config_yaml_take_precedence_in_order(tmp_path):
     assert os.environ.pop("SPIRAL_TEST_ENV") == "from-yaml"
 
 
+def test_a_warm_up_is_honoured_on_spiral_s_constant_schedule_and_a_schedule_s_settings_reach_it(tmp_path):
+    """--warmup_steps with no schedule named: SPIRAL's constant becomes constant_with_warmup (transformers' constant
+    would ignore the warm-up); --lr_scheduler_kwargs reach the schedule that takes them."""
+    trainer = build(tmp_path, "--warmup_steps", "2", "--max_steps", "4")
+    assert trainer.args.lr_scheduler_type.value == "constant_with_warmup"
+    trainer.create_optimizer_and_scheduler(num_training_steps=4)
+    lrs = [trainer.lr_scheduler.get_last_lr()[0]]
+    for _ in range(3):
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        lrs.append(trainer.lr_scheduler.get_last_lr()[0])
+    lr = trainer.args.learning_rate
+    assert lrs == pytest.approx([0.0, lr / 2, lr, lr])
+    _, args, _ = trl_spiral.resolve(SMALL + ["--output_dir", str(tmp_path / "c"), "--lr_scheduler_type",
+                                             "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr": 1e-5}'])
+    assert args.lr_scheduler_kwargs == {"min_lr": 1e-5} and args.warmup_steps == 0
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--gradient_accumulation_steps", "5"], "--gradient_accumulation_steps must be a divisor of the 14 rows"),
     (["--beta", "0.04"], "--beta 0.04: SPIRAL pins it to 0.0 (SPIRAL has no KL term)"),
@@ -375,6 +393,10 @@ def test_trl_flags_and_config_yaml_take_precedence_in_order(tmp_path):
     (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: FileNotFoundError"),
     (["--ds3_gather_for_generation", "false"], "--ds3_gather_for_generation False: SPIRAL pins it to True"),
     (["--fsdp", "full_shard"], "FSDP needs --use_vllm"),
+    (["--lr_scheduler_type", "constant", "--warmup_steps", "2"], "--warmup_steps 2: the constant schedule has no warm-up"),
+    (["--lr_scheduler_kwargs", '{"num_cycles": 2}'], "the constant schedule takes no settings"),
+    (["--warmup_steps", "2", "--lr_scheduler_kwargs", '{"a": 1}'], "the constant_with_warmup schedule takes no setting"),
+    (["--lr_scheduler_type", "cosine", "--lr_scheduler_kwargs", '{"cycles": 2}'], "the cosine schedule refuses them"),
 ])
 def test_bad_flags_are_one_line_errors_and_write_nothing(argv, message, tmp_path, capsys):
     out = tmp_path / "run"
