@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 
 import checkpoint
 import cli
@@ -70,3 +71,19 @@ def check_resume_path(resume: str | None, out: str) -> None:
     if os.path.realpath(os.path.dirname(os.path.normpath(resume))) != os.path.realpath(out):
         raise cli.ConfigError(f"--resume_from_checkpoint {resume} is not in --output_dir {out}; resume a run in its "
                               "own output directory")
+
+
+TRAINING_STATE = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", STATE_FILE}  # not the adapter
+
+
+def finish(checkpoint_dir: str, out: str) -> None:
+    """A resume from a checkpoint at --max_steps: nothing is trained and the run stays as it was; OUT/adapter, if the
+    run stopped after its last save but before writing it, is the checkpoint's adapter (the files TRL's save_model
+    writes: every file of the checkpoint but TRL's and SPIRAL's training state)."""
+    adapter = os.path.join(out, "adapter")
+    if os.path.isdir(adapter):
+        return
+    partial = adapter + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(checkpoint_dir, partial, ignore=lambda _, names: [n for n in names if n in TRAINING_STATE])
+    os.replace(partial, adapter)  # whole or not at all

@@ -454,23 +454,29 @@ def adapter_digest(model) -> str:
     return h.hexdigest()
 
 
-def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrainer:
+def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrainer | None:
     """Load the policy, build the trainer, train to --max_steps; OUT/metrics.jsonl, OUT/checkpoint-N (TRL's, every
     --save_steps), OUT/adapter (PEFT format). Process 0 alone locks and writes OUT (TRL adds each process's RNG state
-    to its checkpoints)."""
+    to its checkpoints). A resume from a checkpoint at --max_steps trains nothing (None; trl_run.finish)."""
     from transformers import PrinterCallback
 
     if cfg.cpu_threads is not None:
         torch.set_num_threads(cfg.cpu_threads)
-    try:
-        model, tokenizer = rollout.load_policy(cfg.model, device=str(args.device), dtype=cfg.dtype)
-    except Exception as exc:  # noqa: BLE001 - a bad model directory fails in many ways; one line names it
-        raise cli.ConfigError(f"--model_name_or_path {cfg.model}: cannot load it ({checkpoint.first_line(exc)})")
     resume_from = resume_checkpoint(cfg, args)
     step = None
     if resume_from:
         with open(os.path.join(resume_from, "trainer_state.json"), encoding="utf-8") as f:
             step = json.load(f)["global_step"]  # metrics.jsonl is cut back to it: the later steps are redone
+        if step >= args.max_steps:  # the run is complete (transformers' loop would train one step more)
+            _on_main(args, lambda: (checkpoint.lock_run_dir(cfg.out), trl_run.finish(resume_from, cfg.out)))
+            if args.process_index == 0:
+                print(f"trl_spiral.py: {resume_from} is at --max_steps {args.max_steps}: nothing left to train; the "
+                      f"run is as it was (adapter in {os.path.join(cfg.out, 'adapter')})")
+            return None
+    try:
+        model, tokenizer = rollout.load_policy(cfg.model, device=str(args.device), dtype=cfg.dtype)
+    except Exception as exc:  # noqa: BLE001 - a bad model directory fails in many ways; one line names it
+        raise cli.ConfigError(f"--model_name_or_path {cfg.model}: cannot load it ({checkpoint.first_line(exc)})")
 
     def claim_run_dir():  # one writer per run directory, as train.py; then config.json (or the metrics cut back)
         checkpoint.lock_run_dir(cfg.out)

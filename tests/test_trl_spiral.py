@@ -502,6 +502,28 @@ def test_an_existing_trl_run_says_which_flag_continues_it_and_overwrite_replaces
 
 
 @pytest.mark.slow
+def test_a_resume_from_the_checkpoint_at_max_steps_trains_nothing_and_leaves_the_run_as_it_was(tmp_path, one_thread,
+                                                                                               capsys):
+    """A finished run resumed (or one killed after its last save, before OUT/adapter): no step max_steps + 1, no
+    metrics row, the adapter the run ended with (transformers' loop would train one more step)."""
+    import shutil
+
+    out = tmp_path / "run"
+    flags = SMALL + ["--max_steps", "2", "--save_steps", "2", "--output_dir", str(out)]
+    assert trl_spiral.main(flags) == 0
+    adapter = sorted(p.name for p in (out / "adapter").iterdir())
+    before = {p: p.read_bytes() for p in [out / "metrics.jsonl", out / "adapter" / "adapter_model.safetensors"]}
+    capsys.readouterr()
+    assert trl_spiral.main(flags + ["--resume_from_checkpoint", "true"]) == 0
+    printed = capsys.readouterr().out
+    assert "is at --max_steps 2: nothing left to train" in printed and "step 3/2" not in printed
+    assert all(p.read_bytes() == b for p, b in before.items())
+    shutil.rmtree(out / "adapter")  # as if killed after its last save, before the adapter was written
+    assert trl_spiral.main(flags + ["--resume_from_checkpoint", "true"]) == 0
+    assert sorted(p.name for p in (out / "adapter").iterdir()) == adapter
+    assert all(p.read_bytes() == b for p, b in before.items())
+
+
 def test_ctrl_c_from_a_terminal_is_one_line(tmp_path):
     """A real SIGINT once step 2 is printed (so checkpoint-1 is complete): exit 130, the one line, no traceback; the
     run then resumes from its last complete checkpoint."""
