@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import shutil
+from pathlib import Path
 
 import checkpoint
 import cli
@@ -87,3 +88,28 @@ def finish(checkpoint_dir: str, out: str) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     shutil.copytree(checkpoint_dir, partial, ignore=lambda _, names: [n for n in names if n in TRAINING_STATE])
     os.replace(partial, adapter)  # whole or not at all
+
+
+def check_hub(args) -> None:
+    """--push_to_hub: the Hub repository TRL's Trainer creates at its start (transformers' init_hf_repo), created or
+    found now, before anything is written; cli.ConfigError of one line if the Hub cannot be reached or refuses."""
+    if not args.push_to_hub:
+        return
+    from huggingface_hub import create_repo
+
+    name = args.hub_model_id or Path(args.output_dir).absolute().name
+    try:
+        create_repo(name, token=args.hub_token, private=args.hub_private_repo, exist_ok=True)
+    except Exception as exc:  # noqa: BLE001 - no network, no token, a refused name: one line, nothing written
+        raise cli.ConfigError(f"--push_to_hub: the Hub repository {name} cannot be created or reached "
+                              f"({checkpoint.first_line(exc)}); nothing was written (log in with `hf auth login`, or "
+                              "leave --push_to_hub out)") from None
+
+
+def hub_error(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it came from, is the Hub's or the network's (an upload that failed)."""
+    while exc is not None:
+        if type(exc).__module__.startswith(("huggingface_hub", "httpx", "httpcore", "requests", "urllib3")):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

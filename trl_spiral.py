@@ -347,6 +347,18 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
                       f"{row['problems_kept']}/{row['problems_drawn']}", flush=True)
         super().log(logs, start_time)
 
+    hub_failure = None  # the first failed upload (--push_to_hub), said in one line when the run ends
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """transformers' upload of a checkpoint (--push_to_hub); a failure (the network, the Hub) is kept, not raised,
+        so the run completes on every process, with SPIRAL's state in the checkpoint, and ends in one line."""
+        try:
+            super()._push_from_checkpoint(checkpoint_folder)
+        except Exception as exc:
+            if not trl_run.hub_error(exc):
+                raise
+            self.hub_failure = self.hub_failure or exc
+
     def create_model_card(self, *args, **kwargs):
         """No README.md in the run directory: it could not be told from a user's file (see checkpoint.RUN_ENTRY)."""
 
@@ -486,6 +498,7 @@ def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrai
                                                     | trl_args.engine_versions()},
                                    overwrite=cfg.overwrite, resume_step=step)
 
+    _on_main(args, lambda: trl_run.check_hub(args))  # before anything is written
     _on_main(args, claim_run_dir)
     trainer = build_trainer(cfg, args, model, tokenizer, problems)
     trainer.remove_callback(PrinterCallback)  # one line per step instead (SpiralGRPOTrainer.log)
@@ -493,7 +506,12 @@ def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrai
     if resume_from:
         trainer.load_spiral_state(resume_from)
     trainer.train(resume_from_checkpoint=resume_from)
-    trainer.save_model(os.path.join(cfg.out, "adapter"))  # every process (ZeRO-3/FSDP gather); process 0 writes
+    try:
+        trainer.save_model(os.path.join(cfg.out, "adapter"))  # every process (ZeRO-3/FSDP gather); process 0 writes
+    except Exception as exc:  # --push_to_hub: the adapter is written, then uploaded
+        if not (args.push_to_hub and trl_run.hub_error(exc)):
+            raise
+        trainer.hub_failure = trainer.hub_failure or exc
     digests = [adapter_digest(trainer.model)]
     if args.world_size > 1 and not (trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled):
         from accelerate.utils import gather_object
@@ -504,6 +522,9 @@ def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrai
         checkpoint.delete_moved_aside(cfg.out)  # the new run is complete even if it saved no checkpoint
         same = f"; the same adapter on all {len(digests)} processes" if len(digests) > 1 else ""
         print(f"trl_spiral.py: done; adapter in {os.path.join(cfg.out, 'adapter')} (sha256 {digests[0][:12]}{same})")
+    if trainer.hub_failure is not None:
+        raise cli.ConfigError(f"--push_to_hub: an upload to the Hub failed ({checkpoint.first_line(trainer.hub_failure)})"
+                              f"; the run is complete in {cfg.out} (upload it later with `hf upload`)")
     return trainer
 
 

@@ -524,6 +524,35 @@ def test_a_resume_from_the_checkpoint_at_max_steps_trains_nothing_and_leaves_the
     assert all(p.read_bytes() == b for p, b in before.items())
 
 
+def test_push_to_hub_failures_are_one_line_and_leave_a_directory_a_start_or_a_resume_can_use(tmp_path, one_thread,
+                                                                                              capsys, monkeypatch):
+    """No network: refused before anything is written (a plain start then works); uploads that fail mid-run (each
+    checkpoint's, the adapter's) are one line at the end of a run that completed, checkpoints and adapter written."""
+    import huggingface_hub
+    import transformers
+
+    def unreachable(*args, **kwargs):
+        raise huggingface_hub.errors.OfflineModeIsEnabled("Name or service not known")
+
+    out = tmp_path / "run"
+    flags = SMALL + ["--max_steps", "2", "--save_steps", "1", "--output_dir", str(out)]
+    monkeypatch.setattr(huggingface_hub, "create_repo", unreachable)
+    assert trl_spiral.main(flags + ["--push_to_hub", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trl_spiral.py: error: --push_to_hub: the Hub repository run cannot be created")
+    assert err.count("\n") == 1 and not out.exists()
+    monkeypatch.setattr(huggingface_hub, "create_repo", lambda *a, **k: None)  # the Hub answers, then the network goes
+    monkeypatch.setattr(transformers.Trainer, "init_hf_repo", lambda self, *a, **k: None)
+    monkeypatch.setattr(transformers.Trainer, "_push_from_checkpoint", unreachable)
+    monkeypatch.setattr(transformers.Trainer, "push_to_hub", unreachable)
+    assert trl_spiral.main(flags + ["--push_to_hub", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trl_spiral.py: error: --push_to_hub: an upload to the Hub failed (OfflineModeIsEnabled: ")
+    assert err.count("\n") == 1 and [row["step"] for row in _rows(out)] == [1, 2]
+    assert (out / "checkpoint-2" / trl_spiral.STATE_FILE).exists() and (out / "adapter").is_dir()
+    assert trl_spiral.main(flags + ["--max_steps", "3", "--resume_from_checkpoint", "true"]) == 0  # resumable
+
+
 def test_ctrl_c_from_a_terminal_is_one_line(tmp_path):
     """A real SIGINT once step 2 is printed (so checkpoint-1 is complete): exit 130, the one line, no traceback; the
     run then resumes from its last complete checkpoint."""
