@@ -93,7 +93,7 @@ class TraceRewards:
         def scoring(model, tokenizer, prompts, **kwargs):
             out = generate(model, tokenizer, prompts, **kwargs)
             problems = self.round
-            if self.search is None:  # line 2: the search traces (rewards logged; trained only by --search_advantage own)
+            if self.search is None:  # line 2: the search traces (logged; trained on them only by search_advantage own)
                 rewards = self.score([x for x, row in zip(problems, out) for _ in row], [c for row in out for c in row])
                 self.search = (out, iter(rewards))
                 return out

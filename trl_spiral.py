@@ -15,7 +15,8 @@ TRL's names, with train.py's values as defaults (learning_rate, max_steps, max_c
 settings, ...). Every GRPOConfig field is classified in trl_args.FIELDS; one that would make the update something other
 than Algorithm 1's, or would be ignored, is pinned (or derived from N1, K, N2 and |B|): another value is a one-line
 error that says why, from the command line and from SpiralGRPOTrainer(model, reward_funcs, args, train_dataset) alike.
-The task: the reward_funcs given (TRL's signature), or --reward's r(problem, completion) (task.py), or the math grader.
+The task: the reward_funcs given (TRL's signature, called on TRL's batches: trl_rewards.py), or --reward's
+r(problem, completion) (task.py), or the math grader.
 
 Where this departs from train.py:
   1. LoRA through peft: the same rank, alpha and modules, but peft's own initialisation (so not bit-identical).
@@ -42,7 +43,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -141,7 +141,8 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
 
     `reward_funcs`: TRL's reward functions f(prompts, completions, **columns) -> list[float] (summed with
     args.reward_weights as TRL sums them; None: the math grader on the `answer` column; task.trl_reward adapts a
-    task's r(problem, completion)); they score the aggregation traces (and the search traces, for logging only).
+    task's r(problem, completion)); they score the aggregation traces (and the search traces, for logging only), one
+    call per function on all of a round's traces of a role, as TRL's batch (trl_rewards.TraceRewards).
     `train_dataset`: a datasets.Dataset with a `prompt` column (text or one user message) and any others, which reach
     the reward functions. `args`: a GRPOConfig, checked against SPIRAL's pins and derived values exactly as
     trl_spiral.py's command line checks its flags (trl_args.check_grpo_config; None: trl_args.grpo_config(...)).
@@ -523,8 +524,9 @@ def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrai
         same = f"; the same adapter on all {len(digests)} processes" if len(digests) > 1 else ""
         print(f"trl_spiral.py: done; adapter in {os.path.join(cfg.out, 'adapter')} (sha256 {digests[0][:12]}{same})")
     if trainer.hub_failure is not None:
-        raise cli.ConfigError(f"--push_to_hub: an upload to the Hub failed ({checkpoint.first_line(trainer.hub_failure)})"
-                              f"; the run is complete in {cfg.out} (upload it later with `hf upload`)")
+        failure = checkpoint.first_line(trainer.hub_failure)
+        raise cli.ConfigError(f"--push_to_hub: an upload to the Hub failed ({failure}); the run is complete in "
+                              f"{cfg.out} (upload it later with `hf upload`)")
     return trainer
 
 

@@ -217,6 +217,24 @@ def test_none_from_every_function_is_a_warning_and_a_reward_of_0_as_trl(tiny, tm
     assert metrics["reward"] == [1.0] and metrics["rewards/only_reversed/mean"] == [1.0]  # TRL leaves None out
 
 
+def test_a_batch_aware_reward_s_values_reach_the_traces_they_were_computed_for(tiny, tmp_path, monkeypatch):
+    """Values that are not a function of the text (here: the completion's place in the call, as a group-relative or
+    diversity reward's are not) stay with their traces: the repeated texts ("no", the same reversal) included."""
+    model, tokenizer = tiny
+    monkeypatch.setattr(spiral, "generate", reversing_generate({"first problem": {0, 2}, "second one": {1}}))
+
+    def numbered(prompts, completions, **_):
+        return [float(i) for i in range(len(completions))]
+
+    trainer = trl_spiral.SpiralGRPOTrainer(model, reward_funcs=[numbered], args=user_args(tmp_path),
+                                           train_dataset=chat_dataset(), processing_class=tokenizer,
+                                           spiral_config=SPIRAL)
+    trainer._generate_and_score_completions([row for row in chat_dataset() for _ in range(G)])
+    samples = trainer.last_rollouts.samples
+    assert [s.reward for s in samples if s.role == "aggregation"] == [float(i) for i in range(2 * 2 * 2)]
+    assert trainer._metrics["train"]["rewards/numbered/mean"] == [3.5]
+
+
 def test_log_metric_and_log_extra_reach_trl_s_logs_by_trace(tiny, tmp_path, monkeypatch):
     model, tokenizer = tiny
     monkeypatch.setattr(spiral, "generate", reversing_generate({"first problem": {0, 2}, "second one": {1}}))
