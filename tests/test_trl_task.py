@@ -135,7 +135,8 @@ def _another(value):
 ])
 def test_a_trl_flag_that_would_be_ignored_is_refused_in_one_line(flag, value, tmp_path, capsys):
     out = tmp_path / "run"
-    assert trl_spiral.main(SMALL + ["--output_dir", str(out), f"--{flag}", value]) == 2
+    assert trl_spiral.main(SMALL + ["--max_steps", "1", "--output_dir", str(out), f"--{flag}", value]) == 2  # a
+    # flag accepted by mistake trains one short step, then fails here
     err = capsys.readouterr().err
     assert err.startswith(f"trl_spiral.py: error: --{flag} ") and "SPIRAL pins it to" in err, err
     assert err.count("\n") == 1 and not out.exists()
