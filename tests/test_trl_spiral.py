@@ -501,7 +501,6 @@ def test_an_existing_trl_run_says_which_flag_continues_it_and_overwrite_replaces
     assert (out / "notes.txt").read_text() == "mine"
 
 
-@pytest.mark.slow
 def test_a_resume_from_the_checkpoint_at_max_steps_trains_nothing_and_leaves_the_run_as_it_was(tmp_path, one_thread,
                                                                                                capsys):
     """A finished run resumed (or one killed after its last save, before OUT/adapter): no step max_steps + 1, no
@@ -553,6 +552,7 @@ def test_push_to_hub_failures_are_one_line_and_leave_a_directory_a_start_or_a_re
     assert trl_spiral.main(flags + ["--max_steps", "3", "--resume_from_checkpoint", "true"]) == 0  # resumable
 
 
+@pytest.mark.slow
 def test_ctrl_c_from_a_terminal_is_one_line(tmp_path):
     """A real SIGINT once step 2 is printed (so checkpoint-1 is complete): exit 130, the one line, no traceback; the
     run then resumes from its last complete checkpoint."""
