@@ -133,11 +133,10 @@ def log_trl_columns(trainer, samples, eos_ids) -> None:
     values, log_extra's columns, advantages)."""
     from accelerate.utils import gather_object
 
-    N2, flags, run = trainer.spiral.num_aggregations, [], []
-    for s in samples:  # a kept problem's aggregation traces come set by set
-        run = [] if len(run) == N2 else run
-        run += [s.reward] if s.role == "aggregation" else []
-        flags += [len(set(run)) == 1] * N2 if s.role == "aggregation" and len(run) == N2 else []
+    N2 = trainer.spiral.num_aggregations
+    aggregation = [s.reward for s in samples if s.role == "aggregation"]  # kept problems' traces, set by set
+    sets_N2 = [aggregation[i:i + N2] for i in range(0, len(aggregation), N2)]
+    flags = [len(set(rewards_N2)) == 1 for rewards_N2 in sets_N2 for _ in rewards_N2]  # per trace: its set's std 0
     per_trace = trainer.rewards.of(samples)
     rows = gather_object([(len(s.completion_ids), len(s.prompt_ids), s.completion_ids[-1] not in eos_ids,
                            entry[1] if s.reward is not None else None) for s, entry in zip(samples, per_trace)])
