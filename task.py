@@ -201,37 +201,51 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def trl_rewards(functions: list, weights: list[float], prompt, completion: str, completion_ids: list[int] | None,
-                row: dict, run_async: Callable | None = None, **extra) -> tuple[float, list[float]]:
-    """TRL's reward for one completion, as GRPOTrainer computes it: each function f(prompts=[prompt],
-    completions=[completion], completion_ids=[ids], **columns) returns one value; None means "not this function's"
-    (NaN); the reward is the weighted sum of the others (TRL's nansum). Returns (reward, each function's value).
+def trl_rewards(functions: list, weights: list[float], prompts: list, completions: list[str],
+                completion_ids: list[list[int]], rows: list[dict], run_async: Callable | None = None,
+                **extra) -> tuple[list[float], list[list[float]], list[int]]:
+    """TRL's rewards for a batch of completions, as GRPOTrainer._calculate_rewards computes them: each function is
+    called once, f(prompts, completions, completion_ids, **columns, **extra), with one entry per completion (a column
+    is the list of its rows' values) and returns one value per completion; None means "not this function's" (NaN);
+    a completion's reward is the weighted sum of the others (TRL's nansum). Returns (rewards, each completion's
+    per-function values, the completions every function returned None for: TRL warns and scores them 0 here).
 
     A chat-format prompt gets its completion as [{"role": "assistant", "content": ...}], as TRL passes it; `extra`
-    (TRL's trainer_state, log_metric, ...) goes to every function; `run_async` awaits an async function's result.
-    Anything but a finite number or None, a wrong count, an exception, or None from every function: RewardError."""
-    completions = [[{"role": "assistant", "content": completion}] if isinstance(prompt, list) else completion]
-    columns = {key: [value] for key, value in row.items() if key not in ("prompt", "completion", "completion_ids")}
-    values = []
+    (TRL's trainer_state, log_metric, log_extra) goes to every function; `run_async` awaits an async function's
+    result. An exception, a wrong count, or anything but a finite number (a bool, numpy's too, is 0 or 1) or None is
+    a RewardError of one line."""
+    completions = [[{"role": "assistant", "content": c}] if isinstance(p, list) else c
+                   for p, c in zip(prompts, completions)]
+    keys = list(dict.fromkeys(k for row in rows for k in row if k not in ("prompt", "completion", "completion_ids")))
+    columns = {key: [row.get(key) for row in rows] for key in keys}  # TRL: each column, one value per completion
+    values_F_B = []
     for function in functions:
         name = getattr(function, "__name__", type(function).__name__)
         try:
-            out = function(prompts=[prompt], completions=completions, completion_ids=[completion_ids], **columns,
-                           **extra)
+            out = function(prompts=list(prompts), completions=completions, completion_ids=list(completion_ids),
+                           **columns, **extra)
             out = run_async(out) if hasattr(out, "__await__") else out
         except Exception as exc:  # noqa: BLE001 - the user's code: one line names it
             raise RewardError(f"the reward function {name} raised {_first_line(exc)}") from None
-        if not isinstance(out, (list, tuple)) or len(out) != 1:
-            raise RewardError(f"the reward function {name} returned {out!r} for one completion; expected a list of "
-                              "one reward")
-        value = out[0]
-        if value is not None and (not isinstance(value, numbers.Real) or not math.isfinite(float(value))):
-            raise RewardError(f"the reward function {name} returned {value!r}; expected a finite number or None")
-        values.append(math.nan if value is None else float(value))
-    if all(math.isnan(v) for v in values):
-        raise RewardError(f"every reward function returned None for a completion of the prompt {str(prompt)[:60]!r}; "
-                          "SPIRAL needs a reward for every trace")
-    return sum(w * v for w, v in zip(weights, values) if not math.isnan(v)), values
+        if not isinstance(out, (list, tuple)) or len(out) != len(prompts):
+            raise RewardError(f"the reward function {name} returned {str(out)[:80]} for {len(prompts)} completions; "
+                              f"expected a list of {len(prompts)} rewards")
+        values_F_B.append([_reward_value(value, name) for value in out])
+    values_B_F = [list(v) for v in zip(*values_F_B)]  # (B, F)
+    unscorable = [i for i, v in enumerate(values_B_F) if all(math.isnan(x) for x in v)]
+    rewards = [sum(w * x for w, x in zip(weights, v) if not math.isnan(x)) for v in values_B_F]  # 0 if unscorable
+    return rewards, values_B_F, unscorable
+
+
+def _reward_value(value, name: str) -> float:
+    """One value a TRL reward function returned: NaN for None, a float for a finite real number or a (numpy) bool."""
+    if value is None:
+        return math.nan
+    if type(value).__name__ == "bool_":  # numpy's bool (what `np.array(...) == x` gives): 0 or 1, as TRL's tensor
+        value = bool(value)
+    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise RewardError(f"the reward function {name} returned {value!r}; expected a finite number or None")
+    return float(value)
 
 
 def warn_if_not_binary(rewards, who: str) -> None:

@@ -119,7 +119,11 @@ FIELDS: dict[str, Rule] = {
     "num_train_epochs": pinned(3.0, why="SPIRAL counts optimizer steps (max_steps), and TRL ignores epochs then"),
     "max_steps": honoured("optimizer steps (train.py's --steps); must be positive"),
     "learning_rate": honoured("AdamW's learning rate (train.py's --lr; TRL's default 1e-6, the paper's 2e-5)"),
-    "lr_scheduler_type": honoured("TRL's schedule (SPIRAL's default: constant, the paper's)"),
+    "lr_scheduler_type": honoured("TRL's schedule (SPIRAL's default: constant, the paper's; constant_with_warmup when "
+                                  "--warmup_steps asks for a warm-up and no schedule is named)"),
+    "warmup_steps": honoured("the schedule's warm-up; refused with a schedule that has none (constant)"),
+    "lr_scheduler_kwargs": honoured("the schedule's own settings; refused where transformers would ignore them or "
+                                    "fail on them at the first step"),
     "optim": honoured("TRL builds the optimizer (SPIRAL's default adamw_torch: train.py's AdamW)"),
     "weight_decay": honoured("train.py's --weight-decay"),
     "adam_beta1": honoured("train.py's --adam-beta1"),
@@ -244,7 +248,7 @@ FIELDS: dict[str, Rule] = {
     "transformers_continuous_batching_config": irrelevant("only with continuous batching, which is pinned off"),
     "use_transformers_paged": pinned(False, why="generation is spiral.collect_spiral's"),
     **dict.fromkeys([
-        "lr_scheduler_kwargs", "warmup_steps", "optim_args", "optim_target_modules", "tf32",
+        "optim_args", "optim_target_modules", "tf32",
         "torch_empty_cache_steps", "log_on_each_node", "log_level", "log_level_replica", "run_name", "project",
         "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id", "save_strategy", "save_on_each_node",
         "save_total_limit", "enable_jit_checkpoint", "restore_callback_states_from_checkpoint", "full_determinism",
@@ -305,11 +309,37 @@ def check_grpo_config(args, cfg: train.TrainConfig) -> None:
         if name != "save_every" and getattr(cfg, name) != getattr(args, trl_name):
             raise cli.ConfigError(f"--{trl_name} {getattr(args, trl_name)} differs from the SPIRAL config's {name} "
                                   f"{getattr(cfg, name)}; set one of them only")
+    check_schedule(args)
     fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
     if fsdp and not args.use_vllm:  # FSDP gathers each layer at every forward, a collective every process must join
         raise cli.ConfigError("FSDP needs --use_vllm: SPIRAL's rollout makes a different number of forward calls on "
                               "each process, which FSDP's per-layer gathers would deadlock; use ZeRO-3 "
                               "(recipe/trl/zero3.yaml) or DDP, or sample with vLLM")
+
+
+def check_schedule(args) -> None:
+    """--lr_scheduler_type with --warmup_steps and --lr_scheduler_kwargs as transformers' get_scheduler takes them
+    (built here on a stand-in optimizer), or cli.ConfigError: a warm-up on a schedule without one, settings a schedule
+    ignores (constant, constant_with_warmup) or fails on (an unknown keyword, at the first step otherwise)."""
+    from transformers.optimization import get_scheduler
+    from transformers.trainer_utils import SchedulerType
+
+    kind, settings = _plain(args.lr_scheduler_type), args.lr_scheduler_kwargs or {}
+    if kind not in {t.value for t in SchedulerType}:  # GRPOConfig refuses it when built
+        return
+    if args.warmup_steps and kind in ("constant", "reduce_lr_on_plateau", "greedy"):
+        raise cli.ConfigError(f"--warmup_steps {args.warmup_steps:g}: the {kind} schedule has no warm-up (transformers "
+                              "would ignore it); use --lr_scheduler_type constant_with_warmup (or another with one)")
+    if settings and kind in ("constant", "constant_with_warmup"):
+        raise cli.ConfigError(f"--lr_scheduler_kwargs {json.dumps(settings)}: the {kind} schedule takes no settings "
+                              "(transformers would ignore them)")
+    try:
+        get_scheduler(kind, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0),
+                      num_warmup_steps=args.get_warmup_steps(args.max_steps), num_training_steps=args.max_steps,
+                      scheduler_specific_kwargs=dict(settings))
+    except (TypeError, ValueError) as exc:
+        raise cli.ConfigError(f"--lr_scheduler_kwargs {json.dumps(settings)}: the {kind} schedule refuses them "
+                              f"({checkpoint.first_line(exc)})") from None
 
 
 def check_pins(value_of) -> None:
@@ -492,73 +522,14 @@ def parse_args(argv: list[str]):
     if ns["generation_batch_size"] is not None:  # TRL derives it from steps_per_generation, which SPIRAL sets
         raise cli.ConfigError(f"--generation_batch_size {ns['generation_batch_size']}: SPIRAL derives it (rows per "
                               "step x processes); leave it unset")
+    named = "lr_scheduler_type" in config or any(a.split("=")[0] == "--lr_scheduler_type" for a in argv)
+    if ns["warmup_steps"] and not named and ns["lr_scheduler_type"] == "constant":  # SPIRAL's default, with a warm-up
+        ns["lr_scheduler_type"] = "constant_with_warmup"
     spiral_args = SpiralArguments(**{f.name: ns[f.name] for f in dataclasses.fields(SpiralArguments)})
     args = _construct({f.name: ns[f.name] for f in dataclasses.fields(GRPOConfig) if f.init})
     check_grpo_config(args, cfg)
     _check_report_to(args)
     return spiral_args, args, cfg
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# trl_spiral.py's run directory and checkpoints, checked against the settings
-
-STATE_FILE = "spiral_state.json"  # in each OUT/checkpoint-N: the set draws' and problem redraws' state, per process
-
-
-def read_spiral_states(checkpoint_dir: str, processes: int) -> list[dict]:
-    """spiral_state.json's per-process states, checked: CheckpointError if missing, corrupt or for another number of
-    processes (each process's set draws continue its own stream)."""
-    path = os.path.join(checkpoint_dir, STATE_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise checkpoint.CheckpointError(f"{path} is missing or corrupt ({checkpoint.first_line(exc)})") from None
-    states = saved.get("processes") if isinstance(saved, dict) else None
-    if not isinstance(states, list) or not all(isinstance(s, dict) and {"numpy", "data"} <= set(s) for s in states):
-        raise checkpoint.CheckpointError(f"{path} is corrupt (no per-process SPIRAL state)")
-    if len(states) != processes:
-        raise checkpoint.CheckpointError(f"{path} was written by {len(states)} processes, this run has {processes}; "
-                                         "resume with the same number of processes")
-    return states
-
-
-def resume_checkpoint(cfg: train.TrainConfig, args) -> str | None:
-    """--resume_from_checkpoint: `true`/`latest` for the newest OUT/checkpoint-N holding spiral_state.json, or a path;
-    that checkpoint and OUT/config.json are checked against this run's settings (ConfigError / CheckpointError)."""
-    if args.resume_from_checkpoint is None:
-        return None
-    if args.resume_from_checkpoint.lower() in ("true", "latest"):
-        steps = [e for e in os.listdir(cfg.out) if e.startswith("checkpoint-") and e[11:].isdigit()
-                 and os.path.isfile(os.path.join(cfg.out, e, STATE_FILE))]
-        if not steps:
-            raise cli.ConfigError(f"--resume_from_checkpoint: no complete checkpoint-N in {cfg.out}")
-        path = os.path.join(cfg.out, max(steps, key=lambda e: int(e[11:])))
-    else:
-        path = args.resume_from_checkpoint
-        if not os.path.isfile(os.path.join(path, "trainer_state.json")):
-            raise cli.ConfigError(f"--resume_from_checkpoint {path}: not a TRL checkpoint (no trainer_state.json)")
-    read_spiral_states(path, args.world_size)
-    saved = checkpoint.saved_config(cfg.out) or {}
-    for key, value in dataclasses.asdict(cfg).items():
-        if key not in train.RESUME_MUTABLE and key in saved and saved[key] != value:
-            raise cli.ConfigError(f"--resume_from_checkpoint: {key} = {value} differs from the run's {saved[key]}; "
-                                  "resume with the run's settings, or start a new run")
-    return path
-
-
-
-def check_resume_path(resume: str | None, out: str) -> None:
-    """--resume_from_checkpoint PATH (not true/latest): a TRL checkpoint of the run in --output_dir, else one line
-    naming PATH (before the output directory's own checks, which would name the directory)."""
-    if resume is None or resume.lower() in ("true", "latest"):
-        return
-    if not os.path.isfile(os.path.join(resume, "trainer_state.json")):
-        raise cli.ConfigError(f"--resume_from_checkpoint {resume}: " + (
-            "not a TRL checkpoint (no trainer_state.json)" if os.path.isdir(resume) else "no such directory"))
-    if os.path.realpath(os.path.dirname(os.path.normpath(resume))) != os.path.realpath(out):
-        raise cli.ConfigError(f"--resume_from_checkpoint {resume} is not in --output_dir {out}; resume a run in its "
-                              "own output directory")
 
 
 def trl_flag_names(message: str) -> str:

@@ -15,7 +15,8 @@ TRL's names, with train.py's values as defaults (learning_rate, max_steps, max_c
 settings, ...). Every GRPOConfig field is classified in trl_args.FIELDS; one that would make the update something other
 than Algorithm 1's, or would be ignored, is pinned (or derived from N1, K, N2 and |B|): another value is a one-line
 error that says why, from the command line and from SpiralGRPOTrainer(model, reward_funcs, args, train_dataset) alike.
-The task: the reward_funcs given (TRL's signature), or --reward's r(problem, completion) (task.py), or the math grader.
+The task: the reward_funcs given (TRL's signature, called on TRL's batches: trl_rewards.py), or --reward's
+r(problem, completion) (task.py), or the math grader.
 
 Where this departs from train.py:
   1. LoRA through peft: the same rank, alpha and modules, but peft's own initialisation (so not bit-identical).
@@ -38,12 +39,10 @@ Where this departs from train.py:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -59,10 +58,12 @@ import spiral
 import task
 import train
 import trl_args
+import trl_rewards
+import trl_run
 from lora import TARGET_MODULES, write_json_atomic
 from problemset import Columns, Problem, problem_from_record
 from rollout import Completion
-from trl_args import STATE_FILE, read_spiral_states, resume_checkpoint  # noqa: F401 - trl_spiral.STATE_FILE
+from trl_run import STATE_FILE, read_spiral_states, resume_checkpoint  # noqa: F401 - trl_spiral.STATE_FILE
 
 try:
     import peft
@@ -140,7 +141,8 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
 
     `reward_funcs`: TRL's reward functions f(prompts, completions, **columns) -> list[float] (summed with
     args.reward_weights as TRL sums them; None: the math grader on the `answer` column; task.trl_reward adapts a
-    task's r(problem, completion)); they score the aggregation traces (and the search traces, for logging only).
+    task's r(problem, completion)); they score the aggregation traces (and the search traces, for logging only), one
+    call per function on all of a round's traces of a role, as TRL's batch (trl_rewards.TraceRewards).
     `train_dataset`: a datasets.Dataset with a `prompt` column (text or one user message) and any others, which reach
     the reward functions. `args`: a GRPOConfig, checked against SPIRAL's pins and derived values exactly as
     trl_spiral.py's command line checks its flags (trl_args.check_grpo_config; None: trl_args.grpo_config(...)).
@@ -189,9 +191,14 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
         problems = self._drop_long_prompts(problems)
         self._redraw = train.ProblemStream(problems, cfg.seed)  # dynamic sampling's extra problems
         self._row, self._stats, self._rollout_end = {}, None, 0.0
-        self._completions, self._reward_parts = {}, {}  # this step's Completions by text; per-function rewards
+        self.rewards = trl_rewards.TraceRewards(self)  # TRL's batches and columns (trl_rewards.py)
         self.add_callback(SpiralStateCallback(self))
-        self.spiral_reward(problems[0], "")  # the probe: a reward that fails here would fail in training
+        eos = rollout.eos_token_ids(self.model, self.processing_class)[0]
+        ids = rollout.chat_prompt_ids(self.processing_class, rollout.search_prompt(problems[0].problem))
+        # the probe, with TRL's types (an empty completion is its EOS alone): a reward that fails here would in training
+        self.rewards.score([problems[0]], [Completion(ids, [eos], [0.0], "", False)])
+        self._pending_metrics.clear()
+        self.rewards.reset()
 
     def _drop_long_prompts(self, problems: list[Problem]) -> list[Problem]:
         """The problems whose search prompt fits --max_prompt_tokens (train.py drops them the same way); the dataset
@@ -207,20 +214,6 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
                       f"{limit} prompt tokens")
             self.train_dataset = self.train_dataset.select(kept)
         return [problems[i] for i in kept]
-
-    def spiral_reward(self, problem: Problem, text: str) -> float:
-        """r(x, y) for spiral.collect_spiral: TRL's reward functions on the problem's row (task.trl_rewards), with the
-        completion's token ids when this step generated it; each function's value kept for TRL's columns."""
-        completion = self._completions.get(text)
-        kwargs = {"trainer_state": self.state, "log_metric": self._log_metric, "log_extra": lambda *_: None}
-        if getattr(self, "async_loop", None) is not None:
-            kwargs["run_async"] = lambda c: asyncio.run_coroutine_threadsafe(c, self.async_loop).result()
-        total, parts = task.trl_rewards(self.reward_funcs, self.reward_weights.tolist(), problem.fields["prompt"],
-                                        text, completion.completion_ids if completion else None, problem.fields,
-                                        **kwargs)
-        if completion is not None:
-            self._reward_parts[id(completion.completion_ids)] = parts  # a Sample shares its Completion's list
-        return total
 
     def _generate_and_score_completions(self, inputs):
         """Algorithm 1, lines 1-13 and line 15's advantage for this process's problems (spiral.collect_spiral), as
@@ -240,14 +233,8 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
                 self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
             generate = vllm_generate(self)
-        self._completions, self._reward_parts = {}, {}
-
-        def recording(*args, **kwargs):  # the reward functions get each completion's ids, as TRL gives them
-            out = generate(*args, **kwargs)
-            self._completions.update((c.text, c) for row in out for c in row)
-            return out
-
-        backend = mock.patch.object(spiral, "generate", recording)  # collect_spiral has no generate=
+        self.rewards.reset()  # TRL's reward functions score what `generate` returns, in TRL's batches
+        backend = mock.patch.object(spiral, "generate", self.rewards.scoring(generate))  # collect_spiral: no generate=
         start = time.perf_counter()
         if self.use_vllm:  # vLLM generates; the model is only read (generation_config), so nothing is gathered
             gathered = contextlib.nullcontext(self.accelerator.unwrap_model(self.model))
@@ -256,17 +243,18 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
             gathered = unwrap_model_for_generation(
                 self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation,
                 gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
+        draw = self.rewards.drawing(lambda: queue.pop(0) if queue else self._redraw())  # the step's, then redraws
         with gathered as unwrapped, torch.no_grad(), backend:
             model = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # LoRA inside
             rollouts = spiral.collect_spiral(
-                model, tokenizer, lambda: queue.pop(0) if queue else self._redraw(), batch_problems=len(problems),
+                model, tokenizer, draw, batch_problems=len(problems),
                 num_search=cfg.num_search, set_size=cfg.set_size, num_sets=cfg.num_sets,
                 num_aggregations=cfg.num_aggregations, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                 target_length=cfg.target_length, rng=self._np_rng,
                 max_draws=len(problems) if several else (cfg.max_draws or 4 * len(problems)),
                 micro_batch_size=cfg.generation_batch_size, tokens_per_micro_batch=cfg.generation_tokens,
                 search_advantage_scale=1 / train.gradient_scale_M(cfg) if cfg.unbiased_set_rl else 1.0,
-                search_advantage=cfg.search_advantage, reward_fn=self.spiral_reward)
+                search_advantage=cfg.search_advantage, reward_fn=self.rewards.reward)
         seconds = time.perf_counter() - start
         self.last_rollouts = rollouts
 
@@ -291,47 +279,13 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
             # gradients, so each divides by C / processes and the average is the sum over all of them / C.
             "normalizer": torch.tensor(C / self.accelerator.num_processes, dtype=torch.float64),
         }
-        self._log_trl_metrics(samples, eos_ids)
+        trl_rewards.log_trl_columns(self, samples, eos_ids)
         tokens = rollouts.metrics["tokens_generated"]
         self._row = {**rollouts.metrics, "train/loss_normalizer": C, "time/rollout_s": seconds,
                      "time/generated_tokens_per_s": tokens / max(seconds, 1e-9)}
         self._stats = {"loss": 0.0, "samples": 0, "tokens": 0, "ratios": [], "entropy": {}}
         self._rollout_end = time.perf_counter()
         return {key: value.to(device) for key, value in output.items()}
-
-    def _log_trl_metrics(self, samples, eos_ids) -> None:
-        """TRL's own columns (num_tokens, completions/*, reward*) over the rows trained (the kept problems') of all
-        processes; reward is r(x, y) of their aggregation traces (the only trained on a reward), rewards/NAME/* each
-        reward function's value there; and TRL's completions table when asked for (--log_completions)."""
-        from accelerate.utils import gather_object
-
-        rows = gather_object([(len(s.completion_ids), len(s.prompt_ids), s.completion_ids[-1] not in eos_ids, s.reward,
-                               self._reward_parts.get(id(s.completion_ids)) if s.reward is not None else None)
-                              for s in samples])  # one collective; per row: length, prompt tokens, no EOS (cut at L)
-        lengths, prompt_tokens, truncated = ([row[i] for row in rows] for i in range(3))
-        rewards = [row[3] for row in rows if row[3] is not None]
-        self.state.num_input_tokens_seen += sum(lengths) + sum(prompt_tokens)
-        metrics = self._metrics["train"]
-        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
-        if lengths:
-            metrics["completions/mean_length"].append(float(np.mean(lengths)))
-            metrics["completions/min_length"].append(float(min(lengths)))
-            metrics["completions/max_length"].append(float(max(lengths)))
-            metrics["completions/clipped_ratio"].append(float(np.mean(truncated)))
-        if rewards:
-            metrics["reward"].append(float(np.mean(rewards)))
-            metrics["reward_std"].append(float(np.std(rewards)))
-        for i, name in enumerate(self.reward_func_names):  # None from a function: not its row (TRL's nanmean)
-            values = [row[4][i] for row in rows if row[4] is not None and not math.isnan(row[4][i])]
-            if values:
-                metrics[f"rewards/{name}/mean"].append(float(np.mean(values)))
-                metrics[f"rewards/{name}/std"].append(float(np.std(values)))
-        if self.log_completions:  # TRL's completions table, with SPIRAL's advantages and rewards
-            self._logs["prompt"].extend(self.processing_class.decode(s.prompt_ids) for s in samples)
-            self._logs["completion"].extend(self.processing_class.decode(s.completion_ids) for s in samples)
-            for name in self.reward_func_names:
-                self._logs["rewards"][name].extend(math.nan if s.reward is None else s.reward for s in samples)
-            self._logs["advantages"].extend(s.advantage for s in samples)
 
     def _compute_loss(self, model, inputs):
         """Algorithm 1, lines 14-18 on one micro-batch: train.importance_sampling_loss over its completion tokens,
@@ -394,6 +348,18 @@ class SpiralGRPOTrainer(GRPOTrainer or object):
                       f"{row['problems_kept']}/{row['problems_drawn']}", flush=True)
         super().log(logs, start_time)
 
+    hub_failure = None  # the first failed upload (--push_to_hub), said in one line when the run ends
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """transformers' upload of a checkpoint (--push_to_hub); a failure (the network, the Hub) is kept, not raised,
+        so the run completes on every process, with SPIRAL's state in the checkpoint, and ends in one line."""
+        try:
+            super()._push_from_checkpoint(checkpoint_folder)
+        except Exception as exc:
+            if not trl_run.hub_error(exc):
+                raise
+            self.hub_failure = self.hub_failure or exc
+
     def create_model_card(self, *args, **kwargs):
         """No README.md in the run directory: it could not be told from a user's file (see checkpoint.RUN_ENTRY)."""
 
@@ -439,7 +405,7 @@ def resolve(argv) -> tuple[train.TrainConfig, GRPOConfig, list[Problem]]:
         raise cli.ConfigError(f"needs trl and peft ({MISSING}); pip install trl=={TESTED_WITH['trl']} "
                               f"peft=={TESTED_WITH['peft']}")
     _, args, cfg = trl_args.parse_args(argv)
-    trl_args.check_resume_path(args.resume_from_checkpoint, cfg.out)
+    trl_run.check_resume_path(args.resume_from_checkpoint, cfg.out)
     if args.reward_weights is not None and len(args.reward_weights) != 1:
         raise cli.ConfigError(f"--reward_weights {args.reward_weights}: one weight per reward function, and "
                               "trl_spiral.py has one (--reward, or the math grader)")
@@ -501,23 +467,29 @@ def adapter_digest(model) -> str:
     return h.hexdigest()
 
 
-def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrainer:
+def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrainer | None:
     """Load the policy, build the trainer, train to --max_steps; OUT/metrics.jsonl, OUT/checkpoint-N (TRL's, every
     --save_steps), OUT/adapter (PEFT format). Process 0 alone locks and writes OUT (TRL adds each process's RNG state
-    to its checkpoints)."""
+    to its checkpoints). A resume from a checkpoint at --max_steps trains nothing (None; trl_run.finish)."""
     from transformers import PrinterCallback
 
     if cfg.cpu_threads is not None:
         torch.set_num_threads(cfg.cpu_threads)
-    try:
-        model, tokenizer = rollout.load_policy(cfg.model, device=str(args.device), dtype=cfg.dtype)
-    except Exception as exc:  # noqa: BLE001 - a bad model directory fails in many ways; one line names it
-        raise cli.ConfigError(f"--model_name_or_path {cfg.model}: cannot load it ({checkpoint.first_line(exc)})")
     resume_from = resume_checkpoint(cfg, args)
     step = None
     if resume_from:
         with open(os.path.join(resume_from, "trainer_state.json"), encoding="utf-8") as f:
             step = json.load(f)["global_step"]  # metrics.jsonl is cut back to it: the later steps are redone
+        if step >= args.max_steps:  # the run is complete (transformers' loop would train one step more)
+            _on_main(args, lambda: (checkpoint.lock_run_dir(cfg.out), trl_run.finish(resume_from, cfg.out)))
+            if args.process_index == 0:
+                print(f"trl_spiral.py: {resume_from} is at --max_steps {args.max_steps}: nothing left to train; the "
+                      f"run is as it was (adapter in {os.path.join(cfg.out, 'adapter')})")
+            return None
+    try:
+        model, tokenizer = rollout.load_policy(cfg.model, device=str(args.device), dtype=cfg.dtype)
+    except Exception as exc:  # noqa: BLE001 - a bad model directory fails in many ways; one line names it
+        raise cli.ConfigError(f"--model_name_or_path {cfg.model}: cannot load it ({checkpoint.first_line(exc)})")
 
     def claim_run_dir():  # one writer per run directory, as train.py; then config.json (or the metrics cut back)
         checkpoint.lock_run_dir(cfg.out)
@@ -527,6 +499,7 @@ def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrai
                                                     | trl_args.engine_versions()},
                                    overwrite=cfg.overwrite, resume_step=step)
 
+    _on_main(args, lambda: trl_run.check_hub(args))  # before anything is written
     _on_main(args, claim_run_dir)
     trainer = build_trainer(cfg, args, model, tokenizer, problems)
     trainer.remove_callback(PrinterCallback)  # one line per step instead (SpiralGRPOTrainer.log)
@@ -534,7 +507,12 @@ def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrai
     if resume_from:
         trainer.load_spiral_state(resume_from)
     trainer.train(resume_from_checkpoint=resume_from)
-    trainer.save_model(os.path.join(cfg.out, "adapter"))  # every process (ZeRO-3/FSDP gather); process 0 writes
+    try:
+        trainer.save_model(os.path.join(cfg.out, "adapter"))  # every process (ZeRO-3/FSDP gather); process 0 writes
+    except Exception as exc:  # --push_to_hub: the adapter is written, then uploaded
+        if not (args.push_to_hub and trl_run.hub_error(exc)):
+            raise
+        trainer.hub_failure = trainer.hub_failure or exc
     digests = [adapter_digest(trainer.model)]
     if args.world_size > 1 and not (trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled):
         from accelerate.utils import gather_object
@@ -545,6 +523,10 @@ def run(cfg: train.TrainConfig, args, problems: list[Problem]) -> SpiralGRPOTrai
         checkpoint.delete_moved_aside(cfg.out)  # the new run is complete even if it saved no checkpoint
         same = f"; the same adapter on all {len(digests)} processes" if len(digests) > 1 else ""
         print(f"trl_spiral.py: done; adapter in {os.path.join(cfg.out, 'adapter')} (sha256 {digests[0][:12]}{same})")
+    if trainer.hub_failure is not None:
+        failure = checkpoint.first_line(trainer.hub_failure)
+        raise cli.ConfigError(f"--push_to_hub: an upload to the Hub failed ({failure}); the run is complete in "
+                              f"{cfg.out} (upload it later with `hf upload`)")
     return trainer
 
 

@@ -223,6 +223,34 @@ def test_collect_grpo_trains_on_the_user_s_reward(monkeypatch, no_math_grader):
 # train.py and evaluate.py end to end
 
 
+def test_trl_reward_rebuilds_each_completion_s_own_problem_from_a_batch():
+    """task.trl_reward in TRL's signature, called with a batch as TRL calls it: completion i is scored against row i's
+    problem (its prompt, `answer` as the gold, `id`, every column), a chat prompt as its user message."""
+    seen = []
+
+    def r(problem, completion):
+        seen.append((problem.problem, problem.answer, problem.id, problem.fields["level"], completion))
+        return float(completion == problem.answer)
+
+    reward_fn = task.trl_reward(r)
+    prompts = ["What is 1 + 1?", [{"role": "user", "content": "What is 2 + 2?"}], "What is 3 + 3?"]
+    completions = ["2", [{"role": "assistant", "content": "5"}], "6"]
+    values = reward_fn(prompts=prompts, completions=completions, completion_ids=[[1], [2], [3]], answer=["2", "4", 6],
+                       id=["a", "b", 7], level=[1, 2, 3], trainer_state=None)
+    assert values == [1.0, 0.0, 1.0] and reward_fn.__name__ == "r"
+    assert seen == [("What is 1 + 1?", "2", "a", 1, "2"), ("What is 2 + 2?", "4", "b", 2, "5"),
+                    ("What is 3 + 3?", "6", "7", 3, "6")]
+
+
+def test_a_reward_file_that_failed_to_import_is_not_half_loaded_the_second_time(tmp_path):
+    """A file whose import raised (after defining the function) is not left in sys.modules: a second load fails the
+    same way instead of returning the half-run module's function."""
+    (tmp_path / "half.py").write_text("def r(problem, completion):\n    return 1.0\n\nraise RuntimeError('no judge')\n")
+    for _ in range(2):
+        with pytest.raises(task.RewardError, match="importing .*half.py failed .*RuntimeError: no judge"):
+            task.load_reward(f"{tmp_path}/half.py:r")
+
+
 def _load_module_calls(user_files):
     import sys
     return next(m for m in sys.modules.values() if getattr(m, "__file__", None) == str(user_files / "my_rewards.py"))

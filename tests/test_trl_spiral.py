@@ -132,8 +132,14 @@ def test_trl_s_own_columns_are_logged_next_to_spiral_s(trainer, scripted):
     assert len(rewards) == 2 * 4 and 0 < np.mean(rewards) < 1
     assert metrics["reward"] == [pytest.approx(np.mean(rewards))]
     assert metrics["rewards/aggregation_reward/mean"] == metrics["reward"]
-    assert metrics["reward_std"] == [pytest.approx(np.std(rewards))]
+    assert metrics["reward_std"] == [pytest.approx(np.std(rewards, ddof=1))]  # the sample std, as TRL's nanstd
+    sets_N2 = np.array(rewards).reshape(-1, 2)  # the aggregation traces come set by set: zero std within a set
+    assert metrics["frac_reward_zero_std"] == [pytest.approx(np.mean(sets_N2.std(axis=1) == 0))]
     assert metrics["completions/mean_length"] == [pytest.approx(np.mean([len(s.completion_ids) for s in samples]))]
+    eos = rollout.eos_token_ids(trainer.model, trainer.processing_class)
+    ended = [len(s.completion_ids) for s in samples if s.completion_ids[-1] in eos] or [0]
+    assert (metrics["completions/mean_terminated_length"], metrics["completions/max_terminated_length"]) == (
+        [pytest.approx(np.mean(ended))], [max(ended)])
     assert metrics["num_tokens"][0] >= sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     assert len(metrics["entropy"]) == 1 and metrics["entropy"][0] > 0
 
@@ -270,6 +276,10 @@ def test_resume_takes_a_larger_max_steps_and_refuses_another_spiral_setting(tmp_
     hotter = dataclasses.replace(saved, temperature=0.5, resume=True)
     with pytest.raises(trl_spiral.cli.ConfigError, match="temperature = 0.5 differs from the run's 1.0"):
         trl_spiral.resume_checkpoint(hotter, latest)
+    for setting, value in [("reward", "my_task.py:crc"), ("search_advantage", "own"), ("data_columns", "problem=q")]:
+        other = dataclasses.replace(saved, **{setting: value}, resume=True)  # another task or line 13: another run
+        with pytest.raises(trl_spiral.cli.ConfigError, match=f"{setting} = {value} differs from the run's"):
+            trl_spiral.resume_checkpoint(other, latest)
     with pytest.raises(trl_spiral.checkpoint.CheckpointError, match="written by 1 processes, this run has 2"):
         trl_spiral.resume_checkpoint(longer, SimpleNamespace(resume_from_checkpoint="true", world_size=2))
     state_file = tmp_path / "run" / "checkpoint-2" / trl_spiral.STATE_FILE  # written by 2 processes, resumed by 1
@@ -350,6 +360,24 @@ def test_trl_flags_and_config_yaml_take_precedence_in_order(tmp_path):
     assert os.environ.pop("SPIRAL_TEST_ENV") == "from-yaml"
 
 
+def test_a_warm_up_is_honoured_on_spiral_s_constant_schedule_and_a_schedule_s_settings_reach_it(tmp_path):
+    """--warmup_steps with no schedule named: SPIRAL's constant becomes constant_with_warmup (transformers' constant
+    would ignore the warm-up); --lr_scheduler_kwargs reach the schedule that takes them."""
+    trainer = build(tmp_path, "--warmup_steps", "2", "--max_steps", "4")
+    assert trainer.args.lr_scheduler_type.value == "constant_with_warmup"
+    trainer.create_optimizer_and_scheduler(num_training_steps=4)
+    lrs = [trainer.lr_scheduler.get_last_lr()[0]]
+    for _ in range(3):
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        lrs.append(trainer.lr_scheduler.get_last_lr()[0])
+    lr = trainer.args.learning_rate
+    assert lrs == pytest.approx([0.0, lr / 2, lr, lr])
+    _, args, _ = trl_spiral.resolve(SMALL + ["--output_dir", str(tmp_path / "c"), "--lr_scheduler_type",
+                                             "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr": 1e-5}'])
+    assert args.lr_scheduler_kwargs == {"min_lr": 1e-5} and args.warmup_steps == 0
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--gradient_accumulation_steps", "5"], "--gradient_accumulation_steps must be a divisor of the 14 rows"),
     (["--beta", "0.04"], "--beta 0.04: SPIRAL pins it to 0.0 (SPIRAL has no KL term)"),
@@ -365,10 +393,14 @@ def test_trl_flags_and_config_yaml_take_precedence_in_order(tmp_path):
     (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: FileNotFoundError"),
     (["--ds3_gather_for_generation", "false"], "--ds3_gather_for_generation False: SPIRAL pins it to True"),
     (["--fsdp", "full_shard"], "FSDP needs --use_vllm"),
+    (["--lr_scheduler_type", "constant", "--warmup_steps", "2"], "--warmup_steps 2: the constant schedule has no warm-up"),
+    (["--lr_scheduler_kwargs", '{"num_cycles": 2}'], "the constant schedule takes no settings"),
+    (["--warmup_steps", "2", "--lr_scheduler_kwargs", '{"a": 1}'], "the constant_with_warmup schedule takes no setting"),
+    (["--lr_scheduler_type", "cosine", "--lr_scheduler_kwargs", '{"cycles": 2}'], "the cosine schedule refuses them"),
 ])
 def test_bad_flags_are_one_line_errors_and_write_nothing(argv, message, tmp_path, capsys):
     out = tmp_path / "run"
-    assert trl_spiral.main(SMALL + ["--output_dir", str(out)] + argv) == 2
+    assert trl_spiral.main(SMALL + ["--max_steps", "1", "--output_dir", str(out)] + argv) == 2  # one short step if not
     err = capsys.readouterr().err
     assert err.startswith("trl_spiral.py: error: ") and message in err and err.count("\n") == 1, err
     assert not out.exists()
@@ -467,6 +499,57 @@ def test_an_existing_trl_run_says_which_flag_continues_it_and_overwrite_replaces
     assert trl_spiral.main(flags + ["--overwrite"]) == 2
     assert "does not look like a run directory (a run does not write notes.txt)" in capsys.readouterr().err
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_resume_from_the_checkpoint_at_max_steps_trains_nothing_and_leaves_the_run_as_it_was(tmp_path, one_thread,
+                                                                                               capsys):
+    """A finished run resumed (or one killed after its last save, before OUT/adapter): no step max_steps + 1, no
+    metrics row, the adapter the run ended with (transformers' loop would train one more step)."""
+    import shutil
+
+    out = tmp_path / "run"
+    flags = SMALL + ["--max_steps", "2", "--save_steps", "2", "--output_dir", str(out)]
+    assert trl_spiral.main(flags) == 0
+    adapter = sorted(p.name for p in (out / "adapter").iterdir())
+    before = {p: p.read_bytes() for p in [out / "metrics.jsonl", out / "adapter" / "adapter_model.safetensors"]}
+    capsys.readouterr()
+    assert trl_spiral.main(flags + ["--resume_from_checkpoint", "true"]) == 0
+    printed = capsys.readouterr().out
+    assert "is at --max_steps 2: nothing left to train" in printed and "step 3/2" not in printed
+    assert all(p.read_bytes() == b for p, b in before.items())
+    shutil.rmtree(out / "adapter")  # as if killed after its last save, before the adapter was written
+    assert trl_spiral.main(flags + ["--resume_from_checkpoint", "true"]) == 0
+    assert sorted(p.name for p in (out / "adapter").iterdir()) == adapter
+    assert all(p.read_bytes() == b for p, b in before.items())
+
+
+def test_push_to_hub_failures_are_one_line_and_leave_a_directory_a_start_or_a_resume_can_use(tmp_path, one_thread,
+                                                                                              capsys, monkeypatch):
+    """No network: refused before anything is written (a plain start then works); uploads that fail mid-run (each
+    checkpoint's, the adapter's) are one line at the end of a run that completed, checkpoints and adapter written."""
+    import huggingface_hub
+    import transformers
+
+    def unreachable(*args, **kwargs):
+        raise huggingface_hub.errors.OfflineModeIsEnabled("Name or service not known")
+
+    out = tmp_path / "run"
+    flags = SMALL + ["--max_steps", "2", "--save_steps", "1", "--output_dir", str(out)]
+    monkeypatch.setattr(huggingface_hub, "create_repo", unreachable)
+    assert trl_spiral.main(flags + ["--push_to_hub", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trl_spiral.py: error: --push_to_hub: the Hub repository run cannot be created")
+    assert err.count("\n") == 1 and not out.exists()
+    monkeypatch.setattr(huggingface_hub, "create_repo", lambda *a, **k: None)  # the Hub answers, then the network goes
+    monkeypatch.setattr(transformers.Trainer, "init_hf_repo", lambda self, *a, **k: None)
+    monkeypatch.setattr(transformers.Trainer, "_push_from_checkpoint", unreachable)
+    monkeypatch.setattr(transformers.Trainer, "push_to_hub", unreachable)
+    assert trl_spiral.main(flags + ["--push_to_hub", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trl_spiral.py: error: --push_to_hub: an upload to the Hub failed (OfflineModeIsEnabled: ")
+    assert err.count("\n") == 1 and [row["step"] for row in _rows(out)] == [1, 2]
+    assert (out / "checkpoint-2" / trl_spiral.STATE_FILE).exists() and (out / "adapter").is_dir()
+    assert trl_spiral.main(flags + ["--max_steps", "3", "--resume_from_checkpoint", "true"]) == 0  # resumable
 
 
 @pytest.mark.slow

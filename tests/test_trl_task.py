@@ -95,7 +95,8 @@ def test_the_check_refuses_every_pinned_and_derived_field_and_no_other(tmp_path)
     trl_args.check_grpo_config(args, cfg)
     refused = set()
     for name, rule in trl_args.FIELDS.items():
-        if name in ("gradient_accumulation_steps", "fsdp"):  # honoured within limits, tested on their own
+        if name in ("gradient_accumulation_steps", "fsdp", "warmup_steps", "lr_scheduler_kwargs"):  # honoured within
+            # limits (a divisor; with vLLM; a schedule that has a warm-up, that takes the settings): tested on their own
             continue
         original = getattr(args, name)
         setattr(args, name, _another(original))
@@ -130,10 +131,12 @@ def _another(value):
     ("importance_sampling_level", "sequence"), ("generation_kwargs", '{"top_p": 0.9}'),
     ("chat_template_kwargs", '{"enable_thinking": false}'), ("num_train_epochs", "2"), ("delta", "1.5"),
     ("label_smoothing_factor", "0.1"), ("eval_strategy", "steps"), ("sync_ref_model", "true"),
+    ("top_k", "50"), ("top_p", "0.95"), ("min_p", "0.05"), ("repetition_penalty", "1.1"),  # plain sampling only
 ])
 def test_a_trl_flag_that_would_be_ignored_is_refused_in_one_line(flag, value, tmp_path, capsys):
     out = tmp_path / "run"
-    assert trl_spiral.main(SMALL + ["--output_dir", str(out), f"--{flag}", value]) == 2
+    assert trl_spiral.main(SMALL + ["--max_steps", "1", "--output_dir", str(out), f"--{flag}", value]) == 2  # a
+    # flag accepted by mistake trains one short step, then fails here
     err = capsys.readouterr().err
     assert err.startswith(f"trl_spiral.py: error: --{flag} ") and "SPIRAL pins it to" in err, err
     assert err.count("\n") == 1 and not out.exists()
@@ -162,26 +165,159 @@ def test_the_trainer_calls_the_user_s_trl_reward_functions_with_their_columns(ti
                                            train_dataset=chat_dataset(problems), processing_class=tokenizer,
                                            spiral_config=SPIRAL)
     assert len(calls) == 1 and calls[0][1] == [[{"role": "assistant", "content": ""}]]  # the probe, at construction
+    assert calls[0][2] == [[tokenizer.eos_token_id]]  # TRL's type: an empty completion is its EOS token alone
     sets = []
     sample_sets = spiral.sample_sets
     monkeypatch.setattr(spiral, "sample_sets", lambda *a, **k: sets.append(sample_sets(*a, **k)) or sets[-1])
     rows = [row for row in chat_dataset(problems) for _ in range(G)]
     output = trainer._generate_and_score_completions(rows)
-    assert len(calls) == 1 + 2 * G and not no_math_grader
-    assert {c[4][0] for c in calls[1:]} == {0, 1} and all(c[3][0] == c[0][0][0]["content"][::-1] for c in calls[1:])
-    assert all(c[2] == [[5, 6]] for c in calls[1:])  # each completion's own token ids
-    expected = []
+    # TRL's batches: one call per function and role, each with all of the step's traces of that role
+    assert len(calls) == 3 and not no_math_grader
+    assert [len(c[1]) for c in calls[1:]] == [2 * 3, 2 * 2 * 2]  # |B| N1 search, then |B| K N2 aggregation traces
+    for prompts, completions, completion_ids, judge_hint, level in calls[1:]:
+        n = len(completions)
+        assert len(prompts) == len(completion_ids) == len(judge_hint) == len(level) == n
+        assert level == [0] * (n // 2) + [1] * (n // 2)  # each trace with its own row's columns
+        assert judge_hint == [p[0]["content"][::-1] for p in prompts]
+        assert completion_ids == [[5, 6]] * n  # each completion's own token ids
+    expected, reversed_values = [], []
     for problem, sets_K_n in zip(problems, sets):
         good = {"first problem": {0, 2}, "second one": {1}}[problem]
         rewards_K_N2 = np.array([[2.5 if i < sum(j in good for j in G_l) else 0.0 for i in range(2)]
                                  for G_l in sets_K_n])  # reversed: 2 x 1 + 0.5; "no": 2 x 0, None skipped
         search, aggregation = spiral_advantages(sets_K_n, rewards_K_N2=rewards_K_N2, N1=3)
         expected += [*search, *aggregation.ravel()]
+        reversed_values += (rewards_K_N2.ravel() > 0).tolist()
     assert np.abs(expected).max() > 0
     assert output["advantages"].tolist() == pytest.approx(expected)
     trainer._compute_loss(trainer.model, output)
     metrics = trainer._metrics["train"]
-    assert metrics["rewards/reversed_reward/mean"] and metrics["rewards/half_and_none/mean"] == [0.5]
+    # every rewarded (aggregation) trace counts, repeated texts ("no", the same reversal) each with its own value
+    assert metrics["rewards/reversed_reward/mean"] == [pytest.approx(np.mean(reversed_values))]
+    assert metrics["rewards/reversed_reward/std"] == [pytest.approx(np.std(reversed_values, ddof=1))]
+    assert metrics["rewards/half_and_none/mean"] == [0.5] and metrics["rewards/half_and_none/std"] == [0.0]
+    assert metrics["reward_std"] == [pytest.approx(np.std(2.5 * np.array(reversed_values), ddof=1))]  # TRL's nanstd
+
+
+def test_none_from_every_function_is_a_warning_and_a_reward_of_0_as_trl(tiny, tmp_path, monkeypatch, caplog):
+    model, tokenizer = tiny
+    monkeypatch.setattr(spiral, "generate", reversing_generate({"first problem": {0, 2}, "second one": {1}}))
+
+    def only_reversed(prompts, completions, **_):  # None for "no": no function scores it
+        return [None if c[0]["content"] == "no" else 1.0 for c in completions]
+
+    trainer = trl_spiral.SpiralGRPOTrainer(model, reward_funcs=[only_reversed], args=user_args(tmp_path),
+                                           train_dataset=chat_dataset(), processing_class=tokenizer,
+                                           spiral_config=SPIRAL)  # the probe's empty completion: None, no error
+    with caplog.at_level("WARNING", logger="trl_spiral"):
+        trainer._generate_and_score_completions([row for row in chat_dataset() for _ in range(G)])
+    assert "every reward function returned None for" in caplog.text and "they score 0" in caplog.text
+    samples = trainer.last_rollouts.samples
+    assert {s.reward for s in samples if s.role == "aggregation"} == {0.0, 1.0}  # "no" scored 0: its set's score
+    metrics = trainer._metrics["train"]
+    assert metrics["reward"] == [1.0] and metrics["rewards/only_reversed/mean"] == [1.0]  # TRL leaves None out
+
+
+def test_a_batch_aware_reward_s_values_reach_the_traces_they_were_computed_for(tiny, tmp_path, monkeypatch):
+    """Values that are not a function of the text (here: the completion's place in the call, as a group-relative or
+    diversity reward's are not) stay with their traces: the repeated texts ("no", the same reversal) included."""
+    model, tokenizer = tiny
+    monkeypatch.setattr(spiral, "generate", reversing_generate({"first problem": {0, 2}, "second one": {1}}))
+
+    def numbered(prompts, completions, **_):
+        return [float(i) for i in range(len(completions))]
+
+    trainer = trl_spiral.SpiralGRPOTrainer(model, reward_funcs=[numbered], args=user_args(tmp_path),
+                                           train_dataset=chat_dataset(), processing_class=tokenizer,
+                                           spiral_config=SPIRAL)
+    trainer._generate_and_score_completions([row for row in chat_dataset() for _ in range(G)])
+    samples = trainer.last_rollouts.samples
+    assert [s.reward for s in samples if s.role == "aggregation"] == [float(i) for i in range(2 * 2 * 2)]
+    assert trainer._metrics["train"]["rewards/numbered/mean"] == [3.5]
+
+
+def test_log_metric_and_log_extra_reach_trl_s_logs_by_trace(tiny, tmp_path, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.setattr(spiral, "generate", reversing_generate({"first problem": {0, 2}, "second one": {1}}))
+
+    def judged(prompts, completions, log_metric, log_extra, **_):
+        texts = [c[0]["content"] for c in completions]
+        log_metric("judge/batch", float(len(texts)))
+        log_extra("judge_note", [f"{t}|{len(texts)}" for t in texts])
+        return [float(t != "no") for t in texts]
+
+    trainer = trl_spiral.SpiralGRPOTrainer(model, reward_funcs=[judged], args=user_args(tmp_path, log_completions=True),
+                                           train_dataset=chat_dataset(), processing_class=tokenizer,
+                                           spiral_config=SPIRAL)
+    trainer._generate_and_score_completions([row for row in chat_dataset() for _ in range(G)])
+    assert trainer._metrics["train"]["judge/batch"] == [(2 * 3 + 2 * 2 * 2) / 2]  # the mean of its two calls
+    samples = trainer.last_rollouts.samples
+    batch = {"search": 2 * 3, "aggregation": 2 * 2 * 2}
+    notes = list(trainer._logs["extra"]["judge_note"])  # one per row of the completions table, by its trace
+    assert len(notes) == len(samples) and [n.split("|")[1] for n in notes] == [str(batch[s.role]) for s in samples]
+    assert [n.split("|")[0] != "no" for n, s in zip(notes, samples) if s.role == "aggregation"] == [
+        s.reward == 1.0 for s in samples if s.role == "aggregation"]
+
+    def wrong_count(prompts, completions, log_extra, **_):
+        log_extra("note", ["only one"])
+        return [0.0] * len(prompts)
+
+    trainer.reward_funcs = [wrong_count]
+    with pytest.raises(task.RewardError, match=r"log_extra\('note', ...\) got 1 values in a call for 6 completions"):
+        trainer._generate_and_score_completions([row for row in chat_dataset() for _ in range(G)])
+
+
+@pytest.mark.slow  # a step of TRL's own trainer
+def test_trl_s_own_trainer_and_spiral_s_hand_a_reward_function_the_same_things(tmp_path):
+    """TRL's GRPOTrainer and SpiralGRPOTrainer, one step each on the same data and reward function: the same keywords,
+    types and per-completion columns, completion_ids that decode to the completions, one call per batch."""
+    from trl import GRPOTrainer
+
+    received = {"trl": [], "spiral": []}
+
+    def recorder(who):
+        def parity(prompts, completions, completion_ids, **kwargs):
+            received[who].append(dict(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                                      **kwargs))
+            return [float(len(ids) % 2) for ids in completion_ids]
+
+        return parity
+
+    torch.manual_seed(0)
+    model, tokenizer = rollout.load_policy("tiny", device="cpu", dtype="float32")  # TRL trains it all: its own copy
+    trl_args_ = GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, max_steps=1, num_generations=4,
+                           per_device_train_batch_size=8, max_completion_length=6, report_to="none",
+                           save_strategy="no", beta=0.0, gradient_checkpointing=False, disable_tqdm=True)
+    GRPOTrainer(model, reward_funcs=recorder("trl"), args=trl_args_, train_dataset=chat_dataset(),
+                processing_class=tokenizer).train()
+    model, tokenizer = rollout.load_policy("tiny", device="cpu", dtype="float32")
+    trainer = trl_spiral.SpiralGRPOTrainer(model, reward_funcs=recorder("spiral"), args=user_args(tmp_path),
+                                           train_dataset=chat_dataset(), processing_class=tokenizer,
+                                           spiral_config=SPIRAL)
+    trainer._generate_and_score_completions([row for row in chat_dataset() for _ in range(G)])
+    (trl_call,), (_, *spiral_calls) = received["trl"], received["spiral"]  # SPIRAL's first call: the probe
+    assert len(trl_call["prompts"]) == 8 and [len(c["prompts"]) for c in spiral_calls[:2]] == [2 * 3, 2 * 2 * 2]
+
+    def shape(call):  # each keyword's type, and its items' types down to the token ids and message keys
+        out = {}
+        for key, value in call.items():
+            if callable(value):  # log_extra, log_metric: TRL's are bound methods, SPIRAL's per-call functions
+                value = "callable"
+            item = value[0] if isinstance(value, list) else None
+            out[key] = (type(value).__name__, type(item).__name__ if item is not None else None,
+                        type(item[0]).__name__ if isinstance(item, list) and item else None,
+                        sorted(item[0]) if isinstance(item, list) and item and isinstance(item[0], dict) else None)
+        return out
+
+    for call in spiral_calls:
+        assert shape(call) == shape(trl_call)
+    for call in [trl_call, *spiral_calls]:
+        n = len(call["prompts"])
+        assert all(len(call[key]) == n for key in ("completions", "completion_ids", "level", "judge_hint"))
+        assert call["judge_hint"] == [p[0]["content"][::-1] for p in call["prompts"]]  # each row's own columns
+        assert [tokenizer.decode(ids, skip_special_tokens=True) for ids in call["completion_ids"]] == [
+            c[0]["content"] for c in call["completions"]]
+        assert type(call["trainer_state"]).__name__ == "TrainerState"
 
 
 def test_the_math_grader_is_the_default_and_the_answer_column_its_gold(tiny, tmp_path, monkeypatch):
@@ -202,7 +338,8 @@ def test_a_user_s_grpo_config_with_trl_s_group_size_is_refused_with_what_to_set(
             (dict(logging_steps=10), "--logging_steps 10: SPIRAL pins it to 1"),
             (dict(loss_type="dapo"), "--loss_type dapo: SPIRAL pins it to dr_grpo"),
             (dict(max_steps=-1), "--max_steps -1: SPIRAL counts optimizer steps"),
-            (dict(beta=0.04), "--beta 0.04: SPIRAL pins it to 0.0")]:
+            (dict(beta=0.04), "--beta 0.04: SPIRAL pins it to 0.0"),
+            (dict(lr_scheduler_type="constant", warmup_steps=3), "--warmup_steps 3: the constant schedule has no")]:
         with pytest.raises(cli.ConfigError, match=message):
             trl_spiral.SpiralGRPOTrainer(model, reward_funcs=lambda prompts, completions, **_: [0.0],
                                          args=user_args(tmp_path, **overrides), train_dataset=chat_dataset(),
@@ -223,8 +360,8 @@ def test_args_none_is_spiral_s_grpo_config(tiny, tmp_path, monkeypatch):
 @pytest.mark.parametrize("function, message", [
     (lambda prompts, completions, **_: {}["gone"], "raised KeyError: 'gone'"),
     (lambda prompts, completions, **_: [float("nan")], "returned nan; expected a finite number or None"),
-    (lambda prompts, completions, **_: [None], "every reward function returned None"),
-    (lambda prompts, completions, **_: 1.0, "expected a list of one reward"),
+    (lambda prompts, completions, **_: 1.0, "expected a list of 1 rewards"),
+    (lambda prompts, completions, completion_ids, **_: [completion_ids[0] + 1], "raised TypeError"),  # TRL's ids
     (lambda prompts, completions, solution, **_: [0.0], "raised TypeError"),  # a column the data lacks
 ])
 def test_a_reward_function_that_fails_on_the_first_row_stops_the_construction(function, message, tiny, tmp_path):
@@ -381,6 +518,20 @@ def test_every_column_of_the_file_reaches_the_trainer_s_dataset(tmp_path, tiny):
     trainer = trl_spiral.build_trainer(cfg, args, model, tokenizer, problems)
     assert trainer.train_dataset["note"] == [None, "late"] and trainer.train_dataset["id"] == ["7", "b"]
     assert [p.id for p in trainer._redraw.problems] == ["7", "b"]
+
+
+def test_the_trl_prompt_is_the_mapped_problem_column_a_chat_prompt_as_the_file_holds_it(tmp_path, tiny):
+    """--data_columns problem=q with a chat prompt in q: TRL's `prompt` column (what the reward functions get as
+    prompts, and completions in chat format with it) is that message list, not the text SPIRAL's prompts are built
+    from."""
+    data = tmp_path / "d.jsonl"
+    chat = [{"role": "user", "content": "What is 1 + 1?"}]
+    data.write_text(2 * (json.dumps({"q": chat, "problem": "a column of the same name", "answer": "2"}) + "\n"))
+    cfg, args, problems = trl_spiral.resolve(SMALL + ["--dataset_name", str(data), "--data_columns", "problem=q",
+                                                      "--output_dir", str(tmp_path / "r")])
+    model, tokenizer = tiny
+    trainer = trl_spiral.build_trainer(cfg, args, model, tokenizer, problems)
+    assert trainer.train_dataset["prompt"] == [chat, chat] and trainer._redraw.problems[0].problem == "What is 1 + 1?"
 
 
 def test_a_spiral_config_and_a_grpo_config_that_disagree_are_refused(tiny, tmp_path):
