@@ -221,12 +221,16 @@ def trl_rewards(functions: list, weights: list[float], prompts: list, completion
     values_F_B = []
     for function in functions:
         name = getattr(function, "__name__", type(function).__name__)
+        cwd = os.getcwd()
         try:
             out = function(prompts=list(prompts), completions=completions, completion_ids=list(completion_ids),
                            **columns, **extra)
             out = run_async(out) if hasattr(out, "__await__") else out
-        except Exception as exc:  # noqa: BLE001 - the user's code: one line names it
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code (sys.exit too): one line names it
             raise RewardError(f"the reward function {name} raised {_first_line(exc)}") from None
+        finally:
+            if os.getcwd() != cwd:
+                os.chdir(cwd)  # a reward that changed directory moves nothing the run writes
         if not isinstance(out, (list, tuple)) or len(out) != len(prompts):
             raise RewardError(f"the reward function {name} returned {str(out)[:80]} for {len(prompts)} completions; "
                               f"expected a list of {len(prompts)} rewards")
@@ -238,14 +242,15 @@ def trl_rewards(functions: list, weights: list[float], prompts: list, completion
 
 
 def _reward_value(value, name: str) -> float:
-    """One value a TRL reward function returned: NaN for None, a float for a finite real number or a (numpy) bool."""
+    """One value a TRL reward function returned: NaN for None, else reward_value's float (a bool, numpy's too, is 0
+    or 1; |r| <= MAX_REWARD)."""
     if value is None:
         return math.nan
-    if type(value).__name__ == "bool_":  # numpy's bool (what `np.array(...) == x` gives): 0 or 1, as TRL's tensor
-        value = bool(value)
-    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise RewardError(f"the reward function {name} returned {value!r}; expected a finite number or None")
-    return float(value)
+    number = reward_value(value)
+    if number is None:
+        raise RewardError(f"the reward function {name} returned {value!r}; expected a finite number of at most "
+                          f"{MAX_REWARD:g} in size, or None")
+    return number
 
 
 def warn_if_not_binary(rewards, who: str) -> None:

@@ -346,3 +346,37 @@ def test_a_reward_that_cannot_be_used_stops_evaluate_py_in_one_line_before_any_w
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("evaluate.py: error: --reward ") and err.count("\n") == 1, err
     assert "returned nan on problem q1" in err and not out.exists() and not (user_files / ".cache").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# task.trl_rewards (TRL's batch signature) meets a user's code as task.checked does
+
+
+def _trl_batch(function):
+    return task.trl_rewards([function], [1.0], ["p1", "p2"], ["c1", "c2"], [[1, 2], [3]], [{"answer": "1"}, {}])
+
+
+def test_trl_rewards_take_numpy_bools_and_refuse_huge_values_sys_exit_in_one_line(tmp_path, monkeypatch):
+    rewards, values, unscorable = _trl_batch(lambda completions, **_: list(np.array([1, 2]) == 1))
+    assert rewards == [1.0, 0.0] and unscorable == []
+    rewards, _, unscorable = _trl_batch(lambda completions, **_: [None, np.float32(0.5)])
+    assert rewards == [0.0, 0.5] and unscorable == [0]
+    for bad, said in ((lambda **_: [1e308, 0.0], "at most 1e\\+15"), (lambda **_: [10 ** 400, 0], "at most 1e\\+15"),
+                      (lambda **_: [True, "1"], "'1'")):
+        with pytest.raises(task.RewardError, match=said):
+            _trl_batch(bad)
+
+    def leaves(**_):
+        raise SystemExit(0)
+    with pytest.raises(task.RewardError, match="raised SystemExit"):  # not a silent exit 0 from the trainer
+        _trl_batch(leaves)
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+
+    def wanders(completions, **_):
+        import os
+        os.chdir(tmp_path / "elsewhere")
+        return [1.0] * len(completions)
+    assert _trl_batch(wanders)[0] == [1.0, 1.0]
+    assert Path.cwd() == tmp_path  # the run's relative paths are the user's again
