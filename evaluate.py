@@ -70,7 +70,7 @@ import problemset
 import rollout
 import task
 import tiny
-import tiny_countdown
+import tiny_walk
 import tiny_parts
 from checkpoint import quiet_libraries, versions
 from lora import ADAPTER_CONFIG, load_adapter, lora_parameters, read_adapter_config, use_adapter
@@ -105,7 +105,7 @@ PRESETS = {
         rsa_populations=[4, 8], rsa_set_size=4, rsa_steps=3, max_tokens_list=[28], micro_batch_size=128),
 }
 
-PRESETS["tiny_countdown"] = tiny_countdown.EVALUATE_PRESET  # held-out countdown problems, its checker
+PRESETS["tiny_walk"] = tiny_walk.EVALUATE_PRESET  # held-out walk problems, its checker
 
 RSA_PRESETS = {
     "spiral": dict(rsa_populations=[8], rsa_set_size=4),  # the SPIRAL paper's RSA figure

@@ -69,10 +69,10 @@ TASKS = {
     # and an aggregation trace are both 22.99 tokens, so SPIRAL generates (8 + 16) x 22.99 = 552 per problem and
     # GRPO needs G = 552 / 22.99 = 24 traces of L = 28 to generate as many.
     "tiny_parts6": Task("tiny_parts6", 50, 28, 24, "data/tiny_parts6_heldout.jsonl"),
-    # tiny_countdown.py, 30 steps fixed before any RL run (~20 min a run on one loaded core; EXPERIMENTS.md, "A task
+    # tiny_walk.py, 30 steps fixed before any RL run (~20 min a run on one loaded core; EXPERIMENTS.md, "A task
     # where sets stay imperfect: design and predictions (written before any RL run)"): search and aggregation traces
-    # are both ~20 tokens (an aggregation trace is a copy), so G = (8 + 16) x 20 / 20 = 24 at L = 28.
-    "tiny_countdown": Task("tiny_countdown", 30, 28, 24, "data/tiny_countdown_heldout.jsonl"),
+    # are both 10 tokens (an aggregation trace is a copy), so G = (8 + 16) x 10 / 10 = 24 at L = 16.
+    "tiny_walk": Task("tiny_walk", 30, 16, 24, "data/tiny_walk_heldout.jsonl"),
 }
 CHECK_ARMS = ("own", "spiral")  # --check: the one-seed checks of a new task, before any multi-seed run
 ARMS = {  # name: (label, train.py flags after --preset TASK)
