@@ -225,9 +225,12 @@ def solver_hit_rate(problem: Problem) -> float:
 def main(argv: list[str] | None = None) -> int:
     """Write the two problem files and the warm start into --out."""
     parser = argparse.ArgumentParser(prog="tiny_walk.py", description=main.__doc__)
-    parser.add_argument("--out", required=True, help=f"warm-start directory (shipped: {os.path.relpath(WARM_START_DIR)})")
+    parser.add_argument("--out", required=True, help=f"warm-start directory (the presets read {os.path.relpath(WARM_START_DIR)})")
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init", default=tiny_parts.WARM_START_DIR,
+                        help="continue from this warm start (default: tiny_parts'; same tokenizer)")
+    parser.add_argument("--aggregation-fraction", type=float, default=0.5)
     args = parser.parse_args(argv)
     why = tiny.warm_start_problem(args.out, "tiny_walk")
     if why:
@@ -238,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(path, "w", encoding="utf-8") as f:
             f.write(problems_jsonl(heldout))
         print(f"tiny_walk.py: wrote {path}")
-    warm_start(args.out, steps=args.steps, seed=args.seed)
+    warm_start(args.out, steps=args.steps, seed=args.seed, init=args.init,
+               aggregation_fraction=args.aggregation_fraction)
     print(f"tiny_walk.py: wrote the warm start to {args.out}")
     return 0
 

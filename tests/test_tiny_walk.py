@@ -94,3 +94,11 @@ def test_planned_detectable_matches_welch_on_seeds_with_that_sd():
     a, b = [0.0, 0.1, 0.2, 0.3, 0.4], [1.0, 1.1, 1.2, 1.3, 1.4]  # sd 0.158 each
     sd = float(np.std(a, ddof=1))
     assert abs(set_rl_report.planned_detectable(sd, 5) - stats.detectable(a, b)) < 1e-9
+
+
+def test_main_refuses_a_directory_that_is_not_a_walk_warm_start_before_writing_anything(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    before = open(tw.PROBLEMS_FILE, encoding="utf-8").read()
+    assert tw.main(["--out", str(tmp_path), "--steps", "1"]) == 2
+    assert "not a warm start" in capsys.readouterr().err and (tmp_path / "notes.txt").read_text() == "mine"
+    assert open(tw.PROBLEMS_FILE, encoding="utf-8").read() == before
