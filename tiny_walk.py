@@ -222,6 +222,64 @@ def solver_hit_rate(problem: Problem) -> float:
     return float(np.mean([path[-1] == target for path in walks(graph, start)]))
 
 
+def measure(model, tokenizer, problems: list[Problem], *, samples: int = 8, seed: int = 0) -> dict[str, float]:
+    """A warm start's search traces on `problems` (torch seed `seed`, T = 1): pass@1, the fraction of valid walks
+    (any end) and of written steps that follow an edge of the prompt (chance: DEGREE / (NODES - 1) = 0.333)."""
+    from rollout import generate
+
+    torch.manual_seed(seed)
+    pools = generate(model, tokenizer, [search_prompt(p.problem) for p in problems], samples_per_prompt=samples,
+                     max_new_tokens=16)
+    right, valid, along = [], [], []
+    for p, pool in zip(problems, pools):
+        start, _, graph = parse_problem(p.problem)
+        for c in pool:
+            right.append(reward(p, c.text))
+            m = re.fullmatch(r"\s*(\d)((?:>\d){3})\s*\\boxed\{(\d+)\}\s*", c.text)
+            ok = bool(m) and int(m.group(1)) == start
+            if m:
+                node = int(m.group(1))
+                for v in (int(d) for d in m.group(2)[1::2]):
+                    along.append(v in graph[node])
+                    ok, node = ok and v in graph[node], v
+                ok = ok and node == int(m.group(3))
+            valid.append(ok)
+    return {"pass@1": float(np.mean(right)), "valid walks": float(np.mean(valid)),
+            "steps along an edge": float(np.mean(along))}
+
+
+def probe_on_solver_sets(model, tokenizer, problems: list[Problem], *, samples: int = 2,
+                         seed: int = 0) -> dict[str, tuple[float, float]]:
+    """The aggregator probe (instruments.py's kinds) on sets of 4 built from the *solver's* walks, so it does not
+    depend on the model's search: {kind: (accuracy, fraction of traces that copy a candidate verbatim)}. Problems
+    every walk solves are skipped (no wrong walk). default_rng(seed) draws the sets; torch seed 0."""
+    from rollout import generate
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(seed)
+    kinds = {"all right": [], "one right": [], "none right": [], "wrong copies": []}
+    for p in (p for p in problems if solver_hit_rate(p) < 1):
+        start, _, graph = parse_problem(p.problem)
+        texts = [trace_text(start, w) for w in walks(graph, start)]
+        right, wrong = [w for w in texts if reward(p, w)], [w for w in texts if not reward(p, w)]
+
+        def pick(pool, k):
+            return [pool[i] for i in rng.choice(len(pool), k, replace=len(pool) < k)]
+        sets = {"all right": pick(right, 4), "one right": pick(right, 1) + pick(wrong, 3),
+                "none right": pick(wrong, 4), "wrong copies": pick(wrong, 1) * 4}
+        sets["one right"] = [sets["one right"][i] for i in rng.permutation(4)]
+        for kind, candidates in sets.items():
+            kinds[kind].append((p, candidates))
+    out = {}
+    for kind, rows in kinds.items():
+        traces = generate(model, tokenizer, [aggregation_prompt(p.problem, c) for p, c in rows],
+                          samples_per_prompt=samples, max_new_tokens=16)
+        pairs = [(reward(p, t.text), t.text.strip() in [x.strip() for x in c]) for (p, c), ts in zip(rows, traces)
+                 for t in ts]
+        out[kind] = (float(np.mean([a for a, _ in pairs])), float(np.mean([b for _, b in pairs])))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write the two problem files and the warm start into --out."""
     parser = argparse.ArgumentParser(prog="tiny_walk.py", description=main.__doc__)
