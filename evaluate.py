@@ -71,6 +71,7 @@ import rollout
 import task
 import tiny
 import tiny_parts
+import tiny_walk
 from checkpoint import quiet_libraries, versions
 from lora import ADAPTER_CONFIG, load_adapter, lora_parameters, read_adapter_config, use_adapter
 from reward import extract_answer, reward
@@ -103,6 +104,8 @@ PRESETS = {
         limit=100, temperature=1.0, majority_subsets=32, num_samples=8, max_new_tokens=28, majority_max_new_tokens=28,
         rsa_populations=[4, 8], rsa_set_size=4, rsa_steps=3, max_tokens_list=[28], micro_batch_size=128),
 }
+
+PRESETS["tiny_walk"] = tiny_walk.EVALUATE_PRESET  # held-out walk problems, its checker
 
 RSA_PRESETS = {
     "spiral": dict(rsa_populations=[8], rsa_set_size=4),  # the SPIRAL paper's RSA figure

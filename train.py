@@ -56,6 +56,7 @@ try:  # Ctrl-C while torch imports (20-40 s on a cold start): one line, as anywh
     import task
     import tiny
     import tiny_parts
+    import tiny_walk
     from cli import ConfigError, validate
     from logprobs import attention_kept_contexts, learner_attention_backends, unwrap
     from lora import TARGET_MODULES, add_lora, adapter_names, export_adapters, lora_parameters, replace_dir, use_adapter
@@ -75,7 +76,7 @@ def option(default, help: str):
 class TrainConfig:
     """Defaults are the paper's appendix table (the `paper` preset) unless a help text says otherwise."""
 
-    preset: Literal["paper", "tiny", "tiny_parts", "tiny_parts6"] = option(
+    preset: Literal["paper", "tiny", "tiny_parts", "tiny_parts6", "tiny_walk"] = option(
         "paper", "paper: the appendix's table (needs a GPU); tiny: the CPU demo; tiny_parts: the CPU task of "
                  "tiny_parts.py; tiny_parts6: its 6-digit variant, where one trace is almost never right")
     algo: Literal["spiral", "grpo"] = option("spiral", "spiral (Algorithm 1) or grpo (the baseline, equal budget)")
@@ -180,6 +181,7 @@ PRESETS: dict[str, dict] = {
         "max_new_tokens": {"spiral": 28, "grpo": 56},  # a trace is 23 tokens; 12 x 56 = (8 + 4 x 4) x 28 = 672
     },
 }
+PRESETS["tiny_walk"] = tiny_walk.TRAIN_PRESET  # tiny_walk.py: one trace limited by search
 
 
 def sets_per_problem(cfg: TrainConfig) -> int:

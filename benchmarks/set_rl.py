@@ -73,7 +73,12 @@ TASKS = {
     # and an aggregation trace are both 22.99 tokens, so SPIRAL generates (8 + 16) x 22.99 = 552 per problem and
     # GRPO needs G = 552 / 22.99 = 24 traces of L = 28 to generate as many.
     "tiny_parts6": Task("tiny_parts6", 50, 28, 24, "data/tiny_parts6_heldout.jsonl"),
+    # tiny_walk.py, 30 steps fixed before any RL run (~20 min a run on one loaded core; EXPERIMENTS.md, "A task
+    # where sets stay imperfect: design and predictions (written before any RL run)"): search and aggregation traces
+    # are both 10 tokens (an aggregation trace is a copy), so G = (8 + 16) x 10 / 10 = 24 at L = 16.
+    "tiny_walk": Task("tiny_walk", 30, 16, 24, "data/tiny_walk_heldout.jsonl"),
 }
+CHECK_ARMS = ("own", "spiral")  # --check: the one-seed checks of a new task, before any multi-seed run
 ARMS = {  # name: (label, train.py flags after --preset TASK)
     "spiral": ("SPIRAL", ["--algo", "spiral"]),
     "oracle": ("oracle aggregator, K = 4", ["--algo", "spiral", "--aggregator", "oracle"]),
@@ -227,9 +232,13 @@ def main(argv=None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="train again the runs in --runs-dir that hold other settings")
     parser.add_argument("--out", help="prefix of the .md, .json and .png (default RUNS_DIR/set_rl)")
+    parser.add_argument("--check", action="store_true",
+                        help=f"only the task's one-seed checks: {' and '.join(CHECK_ARMS)} at {DEFAULT_LR:g} for "
+                             "--seeds (give one), one held-out evaluation, the criteria (no grid, no cross pairs)")
     args = parser.parse_args(argv)
     task = TASKS[args.task]
-    seeds = runner.parse_seeds(parser, args.seeds)
+    seeds = runner.parse_seeds(parser, args.seeds) if not args.check or "," in args.seeds else \
+        runner.parse_seeds(parser, f"{args.seeds},{args.seeds}1")[:1]  # --check runs one seed; checked as any
     if (args.steps is not None and args.steps < 1) or args.limit < 1 or args.jobs < 1:
         parser.error("--steps, --limit and --jobs must be positive")
     arms = parse_arms(parser, args.arms)
@@ -247,6 +256,8 @@ def main(argv=None) -> int:
     if why:
         runner.fail("set_rl.py", why)
     os.makedirs(os.path.join(runs_dir, "eval"), exist_ok=True)
+    if args.check:
+        return check(task, seeds, args, runs_dir)
     try:
         if args.lr is not None:  # one stated rate: no grid
             scores, rates = {}, {arm: args.lr for arm in ARMS}
@@ -283,6 +294,21 @@ def main(argv=None) -> int:
               f"{'' if arms == list(ARMS) else ' --arms ' + ','.join(arms)}"
               f"{'' if args.lr is None else f' --lr {args.lr:g}'} -->")
     set_rl_report.write(out, header, task, runs, scores, rates, why_rates, load_evaluations(runs_dir), seeds)
+    return 0
+
+
+def check(task: Task, seeds: list[int], args, runs_dir: str) -> int:
+    """--check: train CHECK_ARMS at DEFAULT_LR, evaluate them and the warm start on the held-out problems (pass@k,
+    RSA, the aggregator probe) and print set_rl_report.one_seed_criteria."""
+    import set_rl_report
+
+    runs = {arm: [make_run(arm, DEFAULT_LR, s, task, args.steps, runs_dir) for s in seeds] for arm in CHECK_ARMS}
+    _train([run for arm in CHECK_ARMS for run in runs[arm]], args, runs_dir)
+    call = evaluation_calls(task, runs, runs_dir, args.limit, cross=False)["heldout"]
+    runner.evaluate_cold(call, "set_rl.py")
+    with open(os.path.join(REPO, runs_dir, "eval", "heldout.json")) as f:
+        evaluations = {"heldout": json.load(f)}
+    print(set_rl_report.one_seed_criteria(runs, evaluations, len(seeds))[0])
     return 0
 
 
