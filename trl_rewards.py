@@ -193,3 +193,9 @@ def nanstd(values) -> float:
     values = np.asarray(values, dtype=float)
     values = values[~np.isnan(values)]
     return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+
+
+if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import cli
+
+    cli.library_main(__doc__, "trl_rewards.py", "trl_spiral.py uses")

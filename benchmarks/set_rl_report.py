@@ -19,7 +19,7 @@ import numpy as np
 
 import runner
 import stats
-from set_rl import ARMS, GRID_KS, LR_GRID, REPO, RSA_K, RSA_P, SAMPLES
+from set_rl_design import ARMS, GRID_KS, LR_GRID, REPO, RSA_K, RSA_P, SAMPLES
 
 HEADLINE = ["pass@1", "pass@4", "pass@16", "majority@16", "RSA step 2", "RSA step 3", "pass@1 greedy"]
 COMPARISONS = [  # (a, b, what the difference says)
