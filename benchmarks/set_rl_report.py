@@ -4,8 +4,9 @@ Every cell is mean ± sample sd [min, max] over seeds (the warm start: its one v
 values per seed. Each comparison of two arms on a headline measure gives Welch's p, the paired p (seed i against
 seed i), the smallest difference the seeds detect (stats.detectable, 80% power, 5% level) and a verdict:
 "A ahead" / "B ahead" (Welch p < 0.05), "no difference detected" (the headroom left, 1 - the better mean, is more
-than the detectable difference), or "untestable at the ceiling" (it is not, two arms at 1.0 on every seed included:
-no outcome could have shown the worse arm ahead).
+than the detectable difference), "untestable at the ceiling" (it is not, and it is at most CEILING_BAND: two arms
+at 1.0 on every seed included; no outcome could have shown the worse arm ahead), or "too few seeds to detect" (there
+is room, but the seeds' spread puts the detectable difference beyond it).
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ def evaluation_table(runs, evaluations) -> tuple[str, dict]:
     return _table(["policy", *[c for c, _ in cols]], rows), cells
 
 
+CEILING_BAND = 0.05  # headroom at most this: "at the ceiling"; more, yet below the detectable difference: too few seeds
+
+
 def verdict(a: list[float], b: list[float], names: tuple[str, str], ceiling: float = 1.0) -> dict:
     """Welch's and the paired p, the detectable difference, the headroom left and the verdict (module docstring)."""
     mean_a, mean_b = float(np.mean(a)), float(np.mean(b))
@@ -95,8 +99,10 @@ def verdict(a: list[float], b: list[float], names: tuple[str, str], ceiling: flo
     headroom = ceiling - max(mean_a, mean_b)
     if p_welch < 0.05:
         said = f"{names[0] if mean_a > mean_b else names[1]} ahead"
-    elif headroom <= smallest:  # both at 1.0 on every seed: 0 <= 0, nothing could have differed
+    elif headroom <= smallest and headroom <= CEILING_BAND:  # both at 1.0 on every seed: 0 <= 0 too
         said = "untestable at the ceiling"
+    elif headroom <= smallest:  # room left, but the seeds' spread hides any difference that fits in it
+        said = "too few seeds to detect"
     else:
         said = "no difference detected"
     return {"difference": mean_a - mean_b, "p_welch": p_welch, "p_paired": p_paired, "detectable": smallest,

@@ -182,6 +182,9 @@ def test_verdicts_say_ahead_no_difference_or_untestable_at_the_ceiling():
     assert middle["verdict"] == "no difference detected" and middle["headroom"] >= middle["detectable"]
     # both arms at 1.0 on every seed: nothing could have differed (headroom 0 = detectable 0)
     assert report.verdict([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], ("a", "b"))["verdict"] == "untestable at the ceiling"
+    # room left (0.18) but three spread-out seeds detect only 0.76: not a ceiling, too few seeds
+    spread = report.verdict([0.978, 0.928, 0.554], [0.271, 0.716, 0.746], ("a", "b"))
+    assert spread["verdict"] == "too few seeds to detect" and 0.05 < spread["headroom"] < spread["detectable"]
 
 
 def test_parts_of_training_with_two_steps_are_each_one_step():
@@ -326,3 +329,37 @@ def test_line13_variance_table_limits():
     assert exact == {"scale": pytest.approx(1.0), "noise_signal": 0.0, "wrong_sign": 0.0, "zero": 0.0}
     four = variance.measure(4, 2, 4000, rng)
     assert four["scale"] == pytest.approx(0.886, abs=0.03) and four["noise_signal"] > 1
+
+
+def test_cross_table_rows_are_search_traces_columns_aggregators():
+    runs = {arm: [runner.Run(f"{arm}-lr2e-03-s{s}", "x", []) for s in (0, 1)] for arm in ("spiral", "own")}
+    rsa = lambda v: {"rsa": [{"population": 8, "step": [1, 2, 3], "pass_at_1": [0.0, v, 0.0]}]}  # noqa: E731
+    names = ["base"] + [r.name for rs in runs.values() for r in rs]
+    policies = {n: {"summary": rsa(0.5)} for n in names}
+    cross = [{"search": f"spiral-lr2e-03-s{s}", "aggregator": f"own-lr2e-03-s{s}", "summary": rsa(0.9)} for s in (0, 1)]
+    cross += [{"search": f"own-lr2e-03-s{s}", "aggregator": f"spiral-lr2e-03-s{s}", "summary": rsa(0.2)} for s in (0, 1)]
+    _, cells = report.cross_table(runs, {"heldout": {"policies": policies, "cross": cross}})
+    assert cells["spiral|own"] == [0.9, 0.9] and cells["own|spiral"] == [0.2, 0.2]  # search | aggregator
+    assert cells["spiral|spiral"] == [0.5, 0.5]
+
+
+def test_difficulty_buckets_split_at_the_warm_start_s_pass8_half_and_zero():
+    values = [0.0, 0.25, 0.5, 0.75]
+    problems = [{"pass_at_k": {"1": v, "8": v}, "rsa": {"8": [{}, {}, {"pass_at_1": v}]}} for v in values]
+    runs = {"spiral": [runner.Run("spiral-lr2e-03-s0", "x", [])]}
+    evaluations = {"heldout": {"policies": {n: {"problems": problems} for n in ("base", "spiral-lr2e-03-s0")}}}
+    _, cells = report.difficulty_table(runs, evaluations)
+    means = {bucket: by["pass@8"]["base"][0] for bucket, by in cells.items()}
+    assert means == {"warm start pass@8 = 0": 0.0, "0 < pass@8 < 0.5": 0.25, "pass@8 >= 0.5": 0.625}
+
+
+def test_criteria_hold_exactly_at_their_thresholds_and_fail_just_past_them():
+    def checks(p1, p4, one, rec, dep, differ):
+        evals = {arm: {"pass@1": [p1], "pass@4": [p4]} for arm in ("own", "grpo", "spiral")}
+        probes = {arm: {"none right": [rec], "dependence": [dep], "one right": [one]} for arm in ("spiral", "own")}
+        train = {"search accuracy gain over the last quarter (5-step means)": {"own": [0.03], "grpo": [0.03]},
+                 "line 13: problems whose set scores differ, last half": {"spiral": [differ]}}
+        return [c["met"] for c in report.criteria(evals, train, probes, {})[1].values()][:-1]  # not the headroom
+    assert all(checks(0.5, 0.75, 0.875, 0.25, 0.5, 0.375))  # each at or inside its bound (exact in binary)
+    assert not any(checks(0.625, 0.75, 0.875, 0.375, 0.25, 0.25)[i] for i in (0, 2, 4, 6, 8))
+    assert checks(0.5, 0.6875, 0.875, 0.25, 0.5, 0.375)[1] is False  # pass@4 - pass@1 = 0.1875 < 0.2
