@@ -28,9 +28,9 @@ each comparison with Welch's and the paired t-test and the smallest difference t
 OUT.png:
 
     python benchmarks/set_rl.py --jobs 2                           # tiny_parts6: grid, 7 arms x 5 seeds, tables
-    python benchmarks/set_rl.py --task countdown --jobs 2          # the task where sets stay imperfect
+    python benchmarks/set_rl.py --task tiny_walk --check --seeds 0 # a new task's one-seed checks (own, SPIRAL)
     python benchmarks/set_rl.py --seeds 0,1 --steps 2 --limit 10 --runs-dir runs/set_rl_try   # a quick try
-    python benchmarks/set_rl.py --arms spiral,none --lr 2e-3 --seeds 0,1,2,3 --jobs 2   # a subset, one stated rate
+    python benchmarks/set_rl.py --arms spiral,none --lr 2e-3 --seeds 0,1,2 --jobs 2   # benchmarks/set_rl_floor.md
 
 --arms runs a subset of the arms (the report compares the pairs present); --lr gives every arm one rate and skips the
 grid (the report says so: a rate given, not chosen on the validation split).
