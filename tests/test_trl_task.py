@@ -359,7 +359,7 @@ def test_args_none_is_spiral_s_grpo_config(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("function, message", [
     (lambda prompts, completions, **_: {}["gone"], "raised KeyError: 'gone'"),
-    (lambda prompts, completions, **_: [float("nan")], "returned nan; expected a finite number or None"),
+    (lambda prompts, completions, **_: [float("nan")], "returned nan; expected a finite number of at most"),
     (lambda prompts, completions, **_: 1.0, "expected a list of 1 rewards"),
     (lambda prompts, completions, completion_ids, **_: [completion_ids[0] + 1], "raised TypeError"),  # TRL's ids
     (lambda prompts, completions, solution, **_: [0.0], "raised TypeError"),  # a column the data lacks
