@@ -78,7 +78,9 @@ class TrainConfig:
 
     preset: Literal["paper", "tiny", "tiny_parts", "tiny_parts6", "tiny_walk"] = option(
         "paper", "paper: the appendix's table (needs a GPU); tiny: the CPU demo; tiny_parts: the CPU task of "
-                 "tiny_parts.py; tiny_parts6: its 6-digit variant, where one trace is almost never right")
+                 "tiny_parts.py; tiny_parts6: its 6-digit variant, where one trace is almost never right; tiny_walk: "
+                 "tiny_walk.py's graph walk (its warm start is not shipped: `python tiny_walk.py --out "
+                 "data/tiny_walk_warmstart` builds it)")
     algo: Literal["spiral", "grpo"] = option("spiral", "spiral (Algorithm 1) or grpo (the baseline, equal budget)")
     model: str = option(rollout.DEFAULT_MODEL, "base model: a Hugging Face id, a local directory, or 'tiny'")
     data: str = option("math_train", "training problems: bundled set, JSONL file or Hub id (paper: POLARIS-53K)")
