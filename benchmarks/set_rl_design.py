@@ -54,6 +54,9 @@ SAMPLES = 16  # search traces per problem: pass@k and majority@k for k = 1..16
 
 
 if __name__ == "__main__":  # a library: --help prints what it holds; nothing runs
+    import sys
+
+    sys.path.insert(0, REPO)  # cli.py is at the root
     import cli
 
     cli.library_main(__doc__, "set_rl_design.py", "set_rl.py and set_rl_report.py use")
