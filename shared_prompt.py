@@ -305,7 +305,8 @@ def grouped_attention(module, query, key, value, attention_mask, scaling=None, d
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None  # (1, T, H, D)
 
 
-AttentionInterface.register(NAME, grouped_attention)
+if __name__ != "__main__":  # `python shared_prompt.py --help` (a second copy) must not replace the imported one's
+    AttentionInterface.register(NAME, grouped_attention)
 
 
 @contextlib.contextmanager

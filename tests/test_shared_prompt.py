@@ -430,3 +430,20 @@ def test_the_free_memory_is_cuda_s_free_and_cached_memory_less_a_margin_and_none
     assert shared_prompt.free_learner_memory("cuda") == int(shared_prompt.LEARNER_MEMORY_FRACTION * 12 * 10**9)
     assert shared_prompt.LEARNER_MEMORY_FRACTION < 1
     assert shared_prompt.free_learner_memory("cpu") is None
+
+
+def test_running_the_module_as_a_script_leaves_the_registered_attention_alone(monkeypatch, capsys):
+    """`python shared_prompt.py --help` in a process that imported it (runpy, as the help tests do) must not register
+    the script copy's function, whose Layout is another class: the learner would then reject every Layout mask."""
+    import runpy
+    import sys
+
+    from transformers import AttentionInterface
+
+    monkeypatch.setattr(sys, "argv", ["shared_prompt.py", "--help"])
+    try:
+        runpy.run_path(shared_prompt.__file__, run_name="__main__")
+    except SystemExit:
+        pass
+    capsys.readouterr()
+    assert AttentionInterface()[shared_prompt.NAME] is shared_prompt.grouped_attention
