@@ -193,6 +193,26 @@ def sft_backward(model, examples: list[tuple[bool, _SFTExample]], pad_token_id: 
     return loss
 
 
+def sft_loop(model, example, pad_token_id: int, *, steps: int, batch_size: int, lr: float, warmup_steps: int,
+             label: str | None) -> None:
+    """The warm starts' SFT: AdamW, linear warm-up then cosine to 0.1 lr, `batch_size` fresh example() per step,
+    gradients clipped at 1 (tiny_parts.py and tiny_walk.py). `label`: the progress bar's, or None for none."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    # closed however the loop ends (Ctrl-C included): its heartbeat thread stops with it
+    with Progress(steps, label, "steps") if label else contextlib.nullcontext() as bar:
+        for step in range(1, steps + 1):
+            scale = min(1.0, step / warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+            for group in optimizer.param_groups:
+                group["lr"] = lr * scale
+            optimizer.zero_grad(set_to_none=True)
+            loss = sft_backward(model, [example() for _ in range(batch_size)], pad_token_id)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            if bar:
+                bar.update(note=f"loss {loss:.3f}")
+
+
 def build_parts_tokenizer():
     """tiny.build_tiny_tokenizer with every digit a pre-token of its own, so a part is one token and the model can
     copy a digit from a candidate by position (the tiny tokenizer merges digit runs: "352" -> "35", "2")."""
@@ -239,20 +259,8 @@ def warm_start(out_dir: str = WARM_START_DIR, *, steps: int = 400, batch_size: i
             completion = tokenizer(parts_trace(problem, target), add_special_tokens=False)["input_ids"] + [eos]
             return aggregation, _SFTExample(chat_prompt_ids(tokenizer, prompt), completion)
 
-        model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-        # closed however the loop ends (Ctrl-C included): its heartbeat thread stops with it
-        with Progress(steps, "tiny_parts.py: warm start", "steps") if progress else contextlib.nullcontext() as bar:
-            for step in range(1, steps + 1):
-                scale = min(1.0, step / warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * scale
-                optimizer.zero_grad(set_to_none=True)
-                loss = sft_backward(model, [example() for _ in range(batch_size)], tokenizer.pad_token_id)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                if bar:
-                    bar.update(note=f"loss {loss:.3f}")
+        sft_loop(model, example, tokenizer.pad_token_id, steps=steps, batch_size=batch_size, lr=lr,
+                 warmup_steps=warmup_steps, label="tiny_parts.py: warm start" if progress else None)
     model.eval()
     recipe = dict(task=task, steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, p_digit=p_digit,
                   aggregation_fraction=aggregation_fraction, set_size=set_size, seed=seed, torch=torch.__version__)

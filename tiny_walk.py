@@ -25,10 +25,8 @@ drawn as the end of a uniformly random walk, so every problem has a solution. Th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
-import math
 import os
 import re
 import sys
@@ -38,7 +36,6 @@ import torch
 
 import tiny
 import tiny_parts
-from figures import Progress
 from problemset import DATA_DIR, Problem
 from rollout import aggregation_prompt, chat_prompt_ids, search_prompt
 from tiny import _SFTExample, build_tiny_model
@@ -195,19 +192,8 @@ def warm_start(out_dir: str = WARM_START_DIR, *, steps: int = 250, batch_size: i
             completion = tokenizer(target, add_special_tokens=False)["input_ids"] + [eos]
             return aggregation, _SFTExample(chat_prompt_ids(tokenizer, prompt), completion)
 
-        model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-        with Progress(steps, "tiny_walk.py: warm start", "steps") if progress else contextlib.nullcontext() as bar:
-            for step in range(1, steps + 1):
-                scale = min(1.0, step / warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * scale
-                optimizer.zero_grad(set_to_none=True)
-                loss = tiny_parts.sft_backward(model, [example() for _ in range(batch_size)], tokenizer.pad_token_id)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                if bar:
-                    bar.update(note=f"loss {loss:.3f}")
+        tiny_parts.sft_loop(model, example, tokenizer.pad_token_id, steps=steps, batch_size=batch_size, lr=lr,
+                            warmup_steps=warmup_steps, label="tiny_walk.py: warm start" if progress else None)
     model.eval()
     recipe = dict(task="tiny_walk", steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
                   aggregation_fraction=aggregation_fraction, set_size=set_size, seed=seed, torch=torch.__version__,
