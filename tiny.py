@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig
 
+import checkpoint
 from logprobs import TokenBatch, completion_logprobs
 from lora import replace_dir, write_json_atomic
 import problemset
@@ -239,8 +240,9 @@ def warm_start_problem(out_dir: str, task: str) -> str | None:
     or None. Allowed: an absent or empty directory, or a warm start of the same task holding only what
     save_warm_start writes. Refused: anything else, including the other task's warm start (tiny_parts.py's base is
     the sums one) and a run's base/ (its adapters were trained on those very weights)."""
-    if not os.path.lexists(out_dir) or (os.path.isdir(out_dir) and not os.path.islink(out_dir)
-                                        and not os.listdir(out_dir)):
+    if not os.path.lexists(out_dir):  # nothing there yet: it must be creatable (before minutes of SFT)
+        return checkpoint.unwritable(out_dir)
+    if os.path.isdir(out_dir) and not os.path.islink(out_dir) and not os.listdir(out_dir):
         return None
     if os.path.islink(out_dir):
         return f"{out_dir} is a symbolic link; name the directory itself"

@@ -102,3 +102,9 @@ def test_main_refuses_a_directory_that_is_not_a_walk_warm_start_before_writing_a
     assert tw.main(["--out", str(tmp_path), "--steps", "1"]) == 2
     assert "not a warm start" in capsys.readouterr().err and (tmp_path / "notes.txt").read_text() == "mine"
     assert open(tw.PROBLEMS_FILE, encoding="utf-8").read() == before
+
+
+def test_an_unwritable_out_is_one_line_before_any_work(capsys):
+    assert tw.main(["--out", "/proc/x/warm"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tiny_walk.py: error: ") and "/proc" in err
