@@ -29,6 +29,10 @@ COMPARISONS = [  # (a, b, what the difference says)
     ("own", "none", "own-reward search against the floor"),
     ("oracle", "own", "line 13 with a perfect selector against own-reward search"),
     ("passn", "own", "exact pass@n against own-reward search"),
+    ("oracle", "none", "line 13 with a perfect selector against the floor"),
+    ("passn", "none", "exact pass@n against the floor"),
+    ("passn", "spiral", "line 13 at its limit (perfect selector, every set) against SPIRAL's"),
+    ("passn", "oracle", "every set against K = 4 sampled sets: what line 13's sampling noise costs"),
     ("spiral", "grpo", "the paper's comparison: SPIRAL against GRPO at equal maximum budget"),
     ("spiral", "grpo_tok", "SPIRAL against GRPO at equal generated tokens"),
 ]
