@@ -144,8 +144,8 @@ def evaluation_calls(task: Task, runs: dict[str, list[runner.Run]], runs_dir: st
             "--k-list", ",".join(str(k) for k in range(1, SAMPLES + 1)), "--majority-subsets", "32",
             "--rsa-populations", str(RSA_P), "--rsa-set-size", str(RSA_K), "--rsa-steps", str(RSA_STEPS),
             "--probe-aggregators", "--out", os.path.join(runs_dir, "eval", "heldout.json")]
-    if cross:
-        arms = [a for a in CROSS_ARMS if a == "base" or a in runs]
+    arms = [a for a in CROSS_ARMS if a == "base" or a in runs]
+    if cross and len(arms) > 1:  # --arms oracle,passn: no trained arm of CROSS_ARMS, nothing to cross
         for i in range(len(runs[arms[1]])):
             names = {a: "base" if a == "base" else runs[a][i].name for a in arms}
             main += [f"--cross={names[a]}={names[b]}" for a in arms for b in arms if a != b]

@@ -80,6 +80,9 @@ def test_the_evaluations_hold_every_run_the_probe_the_paper_s_rsa_and_same_seed_
     assert calls["greedy"][calls["greedy"].index("--temperature") + 1] == "0.001"
     assert calls["t0.5"][calls["t0.5"].index("--temperature") + 1] == "0.5"
     assert not any(a.startswith("--cross") for a in set_rl.evaluation_calls(TASK, runs, "r", 5, False)["heldout"])
+    ceiling = {arm: runs[arm] for arm in ("oracle", "passn")}  # no arm of CROSS_ARMS but the warm start
+    main = set_rl.evaluation_calls(TASK, ceiling, "r", 5, cross=True)["heldout"]
+    assert not any(a.startswith("--cross") for a in main) and len([a for a in main if "=oracle-" in a]) == 2
 
 
 def test_help_typos_and_bad_outputs_run_nothing(tmp_path, nothing_runs, capsys):
