@@ -31,6 +31,8 @@ OUT.png:
     python benchmarks/set_rl.py --task tiny_walk --check --seeds 0 # a new task's one-seed checks (own, SPIRAL)
     python benchmarks/set_rl.py --seeds 0,1 --steps 2 --limit 10 --runs-dir runs/set_rl_try   # a quick try
     python benchmarks/set_rl.py --arms spiral,none --lr 2e-3 --seeds 0,1,2 --jobs 2   # benchmarks/set_rl_floor.md
+    python benchmarks/set_rl.py --arms spiral,none,oracle,passn --lr 2e-3 --seeds 0,1,2,3,4 --jobs 2
+                                                        # line 13 between its floor and ceiling: set_rl_bounds.md
 
 --arms runs a subset of the arms (the report compares the pairs present); --lr gives every arm one rate and skips the
 grid (the report says so: a rate given, not chosen on the validation split).
