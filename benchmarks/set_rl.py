@@ -192,6 +192,9 @@ def main(argv=None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="train again the runs in --runs-dir that hold other settings")
     parser.add_argument("--out", help="prefix of the .md, .json and .png (default RUNS_DIR/set_rl)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the tables again from the finished runs and the evaluations already in --runs-dir "
+                             "(no training, no evaluation; with --lr): after a change of set_rl_report.py")
     parser.add_argument("--check", action="store_true",
                         help=f"only the task's one-seed checks: {' and '.join(CHECK_ARMS)} at {DEFAULT_LR:g} for "
                              "--seeds (give one), one held-out evaluation, the criteria (no grid, no cross pairs)")
@@ -206,6 +209,8 @@ def main(argv=None) -> int:
         parser.error(f"--lr {args.lr:g}: expected a rate in (0, 1)")
     if args.lr is not None and args.stop_after == "grid":
         parser.error("--stop-after grid with --lr: there is no grid to stop after")
+    if args.report_only and (args.lr is None or args.check or args.stop_after):
+        parser.error("--report-only needs --lr (the grid's choice is not kept) and neither --check nor --stop-after")
     runs_dir = runner.user_path(args.runs_dir) or os.path.join("runs", "set_rl", args.task)  # defaults: the checkout's
     out = runner.user_path(args.out) or os.path.join(runs_dir, "set_rl")
     os.chdir(REPO)
@@ -237,6 +242,9 @@ def main(argv=None) -> int:
         if args.stop_after == "grid":
             return 0
         runs = {arm: [make_run(arm, rates[arm], s, task, args.steps, runs_dir) for s in seeds] for arm in arms}
+        if args.report_only:
+            report_only_problem(runs, args, runs_dir)
+            return _report(args, task, seeds, arms, out, runs, scores, rates, why_rates, runs_dir)
         _train([run for arm in arms for run in runs[arm]], args, runs_dir)
         if args.stop_after == "train":
             return 0
@@ -246,6 +254,31 @@ def main(argv=None) -> int:
         print("set_rl.py: interrupted; rerun the same command to continue (finished runs are reused)",
               file=sys.stderr)
         return 130
+    return _report(args, task, seeds, arms, out, runs, scores, rates, why_rates, runs_dir)
+
+
+def report_only_problem(runs: dict[str, list[runner.Run]], args, runs_dir: str) -> None:
+    """--report-only: exits 2 with one line unless every run is finished (same settings and code) and the three
+    evaluations in RUNS_DIR/eval hold every one of them."""
+    todo, _ = runner.plan([run for arm in runs for run in runs[arm]], False, "set_rl.py",
+                          tuple(d for d in args.trained_by.split(",") if d))
+    if todo:
+        runner.fail("set_rl.py", f"--report-only: {todo[0][0].out} is not finished; run the command without "
+                                 "--report-only first")
+    for name in ("heldout", "greedy", "t0.5"):
+        path = os.path.join(runs_dir, "eval", f"{name}.json")
+        try:
+            with open(path) as f:
+                policies = json.load(f)["policies"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            runner.fail("set_rl.py", f"--report-only: {path} cannot be read ({e}); run without --report-only first")
+        missing = [run.name for arm in runs for run in runs[arm] if run.name not in policies]
+        if missing:
+            runner.fail("set_rl.py", f"--report-only: {path} does not evaluate {missing[0]}; run without "
+                                     "--report-only first")
+
+
+def _report(args, task, seeds, arms, out, runs, scores, rates, why_rates, runs_dir) -> int:
     import set_rl_report
 
     steps = args.steps or task.steps

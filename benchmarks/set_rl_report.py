@@ -3,7 +3,7 @@
 Every cell is mean ± sample sd [min, max] over seeds (the warm start: its one value); OUT.json holds each cell's
 values per seed. Each comparison of two arms on a headline measure gives Welch's p, the paired p (seed i against
 seed i), the smallest difference the seeds detect (stats.detectable, 80% power, 5% level) and a verdict:
-"A ahead" / "B ahead" (Welch p < 0.05), "no difference detected" (the headroom left, 1 - the better mean, is more
+"A ahead" / "B ahead" (Welch p < 0.05 and a difference the tables show: at least RESOLUTION), "no difference detected" (the headroom left, 1 - the better mean, is more
 than the detectable difference), "untestable at the ceiling" (it is not, and it is at most CEILING_BAND: two arms
 at 1.0 on every seed included; no outcome could have shown the worse arm ahead), or "too few seeds to detect" (there
 is room, but the seeds' spread puts the detectable difference beyond it).
@@ -93,6 +93,7 @@ def evaluation_table(runs, evaluations) -> tuple[str, dict]:
 
 
 CEILING_BAND = 0.05  # headroom at most this: "at the ceiling"; more, yet below the detectable difference: too few seeds
+RESOLUTION = 0.0005  # the tables' three digits: a difference they print as +0.000 is never "ahead", whatever its p
 
 
 def verdict(a: list[float], b: list[float], names: tuple[str, str], ceiling: float = 1.0) -> dict:
@@ -101,7 +102,7 @@ def verdict(a: list[float], b: list[float], names: tuple[str, str], ceiling: flo
     p_welch, p_paired = stats.welch(a, b), stats.paired(a, b)
     smallest = stats.detectable(a, b)
     headroom = ceiling - max(mean_a, mean_b)
-    if p_welch < 0.05:
+    if p_welch < 0.05 and abs(mean_a - mean_b) >= RESOLUTION:
         said = f"{names[0] if mean_a > mean_b else names[1]} ahead"
     elif headroom <= smallest and headroom <= CEILING_BAND:  # both at 1.0 on every seed: 0 <= 0 too
         said = "untestable at the ceiling"

@@ -188,6 +188,14 @@ def test_verdicts_say_ahead_no_difference_or_untestable_at_the_ceiling():
     # room left (0.18) but three spread-out seeds detect only 0.76: not a ceiling, too few seeds
     spread = report.verdict([0.978, 0.928, 0.554], [0.271, 0.716, 0.746], ("a", "b"))
     assert spread["verdict"] == "too few seeds to detect" and 0.05 < spread["headroom"] < spread["detectable"]
+    # pass@4 of exact pass@n against the oracle, 5 seeds: p = 0.038 for a difference of 2.3e-5, which the table
+    # prints as +0.000: at the ceiling, not "ahead"
+    tiny = report.verdict([0.999989010989011, 0.999989010989011, 1.0, 0.9999670329670329, 1.0],
+                          [0.999989010989011, 0.9999450549450549, 0.9999670329670329, 0.9999615384615385,
+                           0.9999670329670329], ("passn", "oracle"))
+    assert tiny["p_welch"] < 0.05 and tiny["verdict"] == "untestable at the ceiling", tiny
+    # a difference the table shows, at the same spread, is still "ahead"
+    assert report.verdict([0.95, 0.951, 0.949], [0.94, 0.941, 0.939], ("a", "b"))["verdict"] == "a ahead"
 
 
 def test_parts_of_training_with_two_steps_are_each_one_step():
@@ -366,3 +374,60 @@ def test_criteria_hold_exactly_at_their_thresholds_and_fail_just_past_them():
     assert all(checks(0.5, 0.75, 0.875, 0.25, 0.5, 0.375))  # each at or inside its bound (exact in binary)
     assert not any(checks(0.625, 0.75, 0.875, 0.375, 0.25, 0.25)[i] for i in (0, 2, 4, 6, 8))
     assert checks(0.5, 0.6875, 0.875, 0.25, 0.5, 0.375)[1] is False  # pass@4 - pass@1 = 0.1875 < 0.2
+
+
+def test_report_only_rewrites_the_tables_from_the_runs_and_evaluations_it_finds(tmp_path, monkeypatch, capsys):
+    """--report-only trains and evaluates nothing, writes the same tables as the full command, and stops in one line
+    when a run is unfinished or an evaluation lacks a run."""
+    pytest.importorskip("matplotlib")
+    runs_dir, steps = tmp_path / "runs", 20
+    argv = ["--arms", "spiral,none", "--lr", "2e-3", "--seeds", "0,1", "--steps", str(steps), "--runs-dir",
+            str(runs_dir), "--no-cross", "--out", str(tmp_path / "r")]
+    for arm in ("spiral", "none"):
+        for seed in (0, 1):
+            run = set_rl.make_run(arm, 0.002, seed, TASK, steps, str(runs_dir))
+            _fake_run(runs_dir / run.name, run.flags, 0)
+            (runs_dir / run.name / "metrics.jsonl").write_text(
+                "".join(json.dumps(r) + "\n" for r in _metrics(arm, seed, steps)))
+    evaluated, real_run = [], runner.subprocess.run
+
+    def fake_evaluate(cmd, *args, **kwargs):
+        if cmd[0] == "git":
+            return type("Done", (), {"returncode": 0, "stdout": "abc1234\n"})()
+        if "evaluate.py" not in " ".join(cmd):
+            return real_run(cmd, *args, **kwargs)
+        evaluated.append(cmd)
+        out = cmd[cmd.index("--out") + 1]
+        names = [a.split("=")[1] for a in cmd if a.startswith("--policy=")] + ["base"]
+        policies = {n: {"summary": _summary(0.3 + 0.01 * len(n), _probe(0.5)), "problems": _problems(0.3)}
+                    for n in names}
+        open(out, "w").write(json.dumps({"config": {"limit": 2}, "policies": policies, "cross": []}))
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(runner.subprocess, "run", fake_evaluate)
+    monkeypatch.setattr(runner.subprocess, "Popen", lambda *a, **k: pytest.fail("trained a finished run"))
+    assert set_rl.main(argv) == 0 and len(evaluated) == 3
+    full = (tmp_path / "r.md").read_text()
+    for suffix in ("md", "json", "png"):
+        (tmp_path / f"r.{suffix}").unlink()
+    assert set_rl.main([*argv, "--report-only"]) == 0 and len(evaluated) == 3  # nothing evaluated again
+    assert (tmp_path / "r.md").read_text() == full
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # the grid's choice is not kept: a rate must be given
+        set_rl.main([a for a in argv if a not in ("--lr", "2e-3")] + ["--report-only"])
+    assert exit_info.value.code == 2 and "--report-only needs --lr" in capsys.readouterr().err
+    heldout = runs_dir / "eval" / "heldout.json"
+    saved = json.loads(heldout.read_text())
+    del saved["policies"]["none-lr2e-03-s1"]
+    heldout.write_text(json.dumps(saved))
+    with pytest.raises(SystemExit) as exit_info:
+        set_rl.main([*argv, "--report-only"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "does not evaluate none-lr2e-03-s1" in err and len(err.splitlines()) == 1
+    rows = (runs_dir / "spiral-lr2e-03-s1" / "metrics.jsonl").read_text().splitlines()
+    (runs_dir / "spiral-lr2e-03-s1" / "metrics.jsonl").write_text("\n".join(rows[:5]) + "\n")  # stopped at step 5
+    with pytest.raises(SystemExit) as exit_info:
+        set_rl.main([*argv, "--report-only"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "spiral-lr2e-03-s1 is not finished" in err and len(err.splitlines()) == 1
+    assert len(evaluated) == 3 and (tmp_path / "r.md").read_text() == full  # the refusals wrote nothing
