@@ -35,7 +35,8 @@ OUT.png:
                                                         # line 13 between its floor and ceiling: set_rl_bounds.md
 
 --arms runs a subset of the arms (the report compares the pairs present); --lr gives every arm one rate and skips the
-grid (the report says so: a rate given, not chosen on the validation split).
+grid (the report says so: a rate given, not chosen on the validation split). --report-only (with --lr) writes the
+tables again from the finished runs and the evaluations in --runs-dir, training and evaluating nothing.
 
 Outputs: OUT.{md,json,png} (default runs/set_rl/<task>/set_rl); runs, logs and evaluations under --runs-dir
 (default runs/set_rl/<task>). Every output is checked before anything runs.
