@@ -164,9 +164,12 @@ def _warm_start(task: Task) -> str:
     return os.path.relpath(evaluate.PRESETS[task.preset]["model"], REPO)
 
 
+EVALUATIONS = ("heldout", "greedy", "t0.5")  # RUNS_DIR/eval/NAME.json: evaluation_calls' three outputs
+
+
 def load_evaluations(runs_dir: str) -> dict[str, dict]:
     evaluations = {}
-    for name in ("heldout", "greedy", "t0.5"):
+    for name in EVALUATIONS:
         with open(os.path.join(REPO, runs_dir, "eval", f"{name}.json")) as f:
             evaluations[name] = json.load(f)
     return evaluations
@@ -261,12 +264,11 @@ def main(argv=None) -> int:
 def report_only_problem(runs: dict[str, list[runner.Run]], args, runs_dir: str) -> None:
     """--report-only: exits 2 with one line unless every run is finished (same settings and code) and the three
     evaluations in RUNS_DIR/eval hold every one of them."""
-    todo, _ = runner.plan([run for arm in runs for run in runs[arm]], False, "set_rl.py",
-                          tuple(d for d in args.trained_by.split(",") if d))
+    todo, _ = runner.plan([run for arm in runs for run in runs[arm]], False, "set_rl.py", _accepted_code(args))
     if todo:
         runner.fail("set_rl.py", f"--report-only: {todo[0][0].out} is not finished; run the command without "
                                  "--report-only first")
-    for name in ("heldout", "greedy", "t0.5"):
+    for name in EVALUATIONS:
         path = os.path.join(runs_dir, "eval", f"{name}.json")
         try:
             with open(path) as f:
@@ -306,9 +308,13 @@ def check(task: Task, seeds: list[int], args, runs_dir: str) -> int:
     return 0
 
 
+def _accepted_code(args) -> tuple[str, ...]:
+    """--trained-by's digests: runs trained by them count as this checkout's code (runner.run_state)."""
+    return tuple(d for d in args.trained_by.split(",") if d)
+
+
 def _train(runs: list[runner.Run], args, runs_dir: str) -> None:
-    accept = tuple(d for d in args.trained_by.split(",") if d)
-    todo, reused = runner.plan(runs, args.overwrite, "set_rl.py", accept)  # refuses a directory holding another run
+    todo, reused = runner.plan(runs, args.overwrite, "set_rl.py", _accepted_code(args))  # refuses a directory holding another run
     for run in reused:
         print(f"set_rl.py: reusing {run.out} (finished, same settings and code)", file=sys.stderr)
     runner.train_all(todo, runs_dir, args.jobs, {run.name: run.settings()["steps"] for run, _ in todo}, "set_rl.py")
