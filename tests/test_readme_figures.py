@@ -18,6 +18,8 @@ import pytest
 import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from stats import t_quantile  # noqa: E402  Student's t quantile, by bisection on the incomplete beta
 FRESH_SEED = 7  # not one of the seeds in the README's tables
 DEMO_PROBLEMS, SECOND_TASK_PROBLEMS = 100, 50  # the evaluations' --limit, as the tables were made
 CELL = re.compile(r"^(-?[\d.]+) ± ([\d.]+) \[(-?[\d.]+), (-?[\d.]+)\]$")
@@ -38,20 +40,6 @@ def readme_block(name: str, header: bool = False) -> list[list[str]]:
 
 
 ALPHA = 0.01  # the chance that a fresh run falls outside any cell of a table, the whole table at once
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Student's t quantile: the x with P(T <= x) = p, by bisection on the CDF (the density by the midpoint rule)."""
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf(x: float, steps: int = 20_000) -> float:
-        h = x / steps
-        return 0.5 + h * sum(math.exp(log_c - (df + 1) / 2 * math.log1p(((i + 0.5) * h) ** 2 / df)) for i in range(steps))
-
-    low, high = 0.0, 1000.0
-    for _ in range(60):
-        low, high = ((low + high) / 2, high) if cdf((low + high) / 2) < p else (low, (low + high) / 2)
-    return (low + high) / 2
 
 
 def unseen_errors(n_seeds: int, problems: int, alpha: float) -> int:
